@@ -1,0 +1,201 @@
+// Grouped (ptr-array) bf16 GEMM on sm_90a through CUTLASS 3.x: TMA loads, wgmma, warp-specialised
+// persistent kernel, per-group problem sizes, pointers and strides read on the device.
+// One instantiation per (layout A, layout B, D type). The tile shape is fixed per instantiation and
+// never chosen from the problem size, and every output tile is owned by one CTA walking its whole K
+// range in order (no split-K, no atomics): results are bitwise reproducible and batch invariant.
+#pragma once
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+#include "mok_fast.h"
+#include "mok_status.h"
+
+namespace mok {
+
+using namespace cute;
+
+template <class LayoutA_, class LayoutB_, class ElementD_, class TileShape_, class ClusterShape_,
+          class KernelSchedule_, class EpilogueSchedule_>
+struct GroupedGemm {
+  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+  using ElementA = cutlass::bfloat16_t;
+  using ElementB = cutlass::bfloat16_t;
+  using ElementD = ElementD_;
+  using LayoutA = LayoutA_;
+  using LayoutB = LayoutB_;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int AlignA = 8, AlignB = 8;
+  static constexpr int AlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape_, ClusterShape_,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, LayoutD*, AlignD, ElementD, LayoutD*, AlignD, EpilogueSchedule_,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, AlignA, ElementB,
+      LayoutB*, AlignB, float, TileShape_, ClusterShape_,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule_>::CollectiveOp;
+
+  using GemmKernel =
+      cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using StrideA = typename GemmKernel::InternalStrideA;
+  using StrideB = typename GemmKernel::InternalStrideB;
+  using StrideD = typename GemmKernel::InternalStrideD;
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+
+  // Device-side argument arrays, carved from the front of the workspace.
+  struct Arrays {
+    Shape3* shapes;
+    const ElementA** a;
+    const ElementB** b;
+    ElementD** d;
+    StrideA* sa;
+    StrideB* sb;
+    StrideD* sd;
+  };
+
+  static size_t align16(size_t n) { return (n + 15) & ~size_t(15); }
+  static size_t arrays_bytes(int g) {
+    return align16(g * sizeof(Shape3)) + 3 * align16(g * sizeof(void*)) +
+           align16(g * sizeof(StrideA)) + align16(g * sizeof(StrideB)) +
+           align16(g * sizeof(StrideD));
+  }
+  static Arrays carve(void* ws, int g) {
+    char* p = static_cast<char*>(ws);
+    Arrays r;
+    r.shapes = reinterpret_cast<Shape3*>(p); p += align16(g * sizeof(Shape3));
+    r.a = reinterpret_cast<const ElementA**>(p); p += align16(g * sizeof(void*));
+    r.b = reinterpret_cast<const ElementB**>(p); p += align16(g * sizeof(void*));
+    r.d = reinterpret_cast<ElementD**>(p); p += align16(g * sizeof(void*));
+    r.sa = reinterpret_cast<StrideA*>(p); p += align16(g * sizeof(StrideA));
+    r.sb = reinterpret_cast<StrideB*>(p); p += align16(g * sizeof(StrideB));
+    r.sd = reinterpret_cast<StrideD*>(p);
+    return r;
+  }
+
+  static cutlass::KernelHardwareInfo hw_info(int device) {
+    static std::mutex mu;
+    static int sms[64] = {0};
+    std::lock_guard<std::mutex> lock(mu);
+    if (sms[device] == 0)
+      sms[device] = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = device;
+    hw.sm_count = sms[device];
+    return hw;
+  }
+
+  static typename Gemm::Arguments make_args(Arrays arr, int groups, int device) {
+    typename Gemm::Arguments args;
+    decltype(args.epilogue.thread) fusion;
+    fusion.alpha = 1.0f;
+    fusion.beta = 0.0f;
+    fusion.alpha_ptr = nullptr;
+    fusion.beta_ptr = nullptr;
+    args = typename Gemm::Arguments{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {groups, arr.shapes, nullptr},
+        {arr.a, arr.sa, arr.b, arr.sb},
+        {fusion, nullptr, arr.sd, arr.d, arr.sd},
+        hw_info(device)};
+    return args;
+  }
+
+  static size_t workspace_bytes(int groups, int device) {
+    Arrays dummy{};
+    auto args = make_args(dummy, groups, device);
+    return arrays_bytes(groups) + align16(Gemm::get_workspace_size(args)) + 256;
+  }
+};
+
+// The leading dimension goes into whichever of the first two stride modes is dynamic.
+template <class Stride>
+__device__ inline Stride stride_with_ld(int64_t ld) {
+  Stride s{};
+  if constexpr (cute::is_static<cute::remove_cvref_t<decltype(get<0>(s))>>::value) {
+    get<1>(s) = ld;
+  } else {
+    get<0>(s) = ld;
+  }
+  return s;
+}
+
+template <class G>
+__global__ void fill_group_args(typename G::Arrays arr, MokSegment s0, MokSegment s1, int n_segs) {
+  int g = blockIdx.x * blockDim.x + threadIdx.x;
+  int total = s0.num_groups + (n_segs > 1 ? s1.num_groups : 0);
+  if (g >= total) return;
+  const MokSegment& s = g < s0.num_groups ? s0 : s1;
+  int e = g < s0.num_groups ? g : g - s0.num_groups;
+  int64_t off = 0;
+  int rows = s.fixed_rows;
+  if (s.offsets != nullptr) {
+    off = s.offsets[e];
+    rows = s.offsets[e + 1] - s.offsets[e];
+  }
+  int m = s.m, n = s.n, k = s.k;
+  if (s.rows_dim == 0) m = rows; else k = rows;
+  if (rows <= 0) { m = 0; k = (k > 0 ? k : 1); }
+  arr.shapes[g] = typename G::Shape3(m, n, k);
+  using EA = typename G::ElementA;
+  using EB = typename G::ElementB;
+  using ED = typename G::ElementD;
+  arr.a[g] = static_cast<const EA*>(s.a.base) + e * s.a.expert_stride + off * s.a.row_stride;
+  arr.b[g] = static_cast<const EB*>(s.b.base) + e * s.b.expert_stride + off * s.b.row_stride;
+  arr.d[g] = static_cast<ED*>(s.d.base) + e * s.d.expert_stride + off * s.d.row_stride;
+  arr.sa[g] = stride_with_ld<typename G::StrideA>(s.a.ld);
+  arr.sb[g] = stride_with_ld<typename G::StrideB>(s.b.ld);
+  arr.sd[g] = stride_with_ld<typename G::StrideD>(s.d.ld);
+}
+
+template <class G>
+int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_bytes, int device,
+                cudaStream_t stream) {
+  if (n_segs < 1 || n_segs > MOK_MAX_SEGMENTS) return set_error("n_segs %d not in [1, 2]", n_segs);
+  int groups = segs[0].num_groups + (n_segs > 1 ? segs[1].num_groups : 0);
+  size_t need = G::workspace_bytes(groups, device);
+  if (ws_bytes < need) return set_error("workspace %zu bytes < %zu needed", ws_bytes, need);
+  auto arr = G::carve(workspace, groups);
+  MokSegment s1 = n_segs > 1 ? segs[1] : segs[0];
+  fill_group_args<G><<<(groups + 127) / 128, 128, 0, stream>>>(arr, segs[0], s1, n_segs);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return set_error("fill_group_args: %s", cudaGetErrorString(err));
+  auto args = G::make_args(arr, groups, device);
+  char* cutlass_ws = static_cast<char*>(workspace) + G::arrays_bytes(groups);
+  cutlass_ws = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(cutlass_ws) + 127) & ~uintptr_t(127));
+  typename G::Gemm gemm;
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess) return set_error("cutlass can_implement: %s", cutlassGetStatusString(st));
+  st = gemm.initialize(args, cutlass_ws, stream);
+  if (st != cutlass::Status::kSuccess) return set_error("cutlass initialize: %s", cutlassGetStatusString(st));
+  st = gemm.run(stream);
+  if (st != cutlass::Status::kSuccess) return set_error("cutlass run: %s", cutlassGetStatusString(st));
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return set_error("grouped gemm launch: %s", cudaGetErrorString(err));
+  return 0;
+}
+
+// Default schedule: cooperative (two consumer warpgroups), 128x256x64 tile, no cluster.
+using TileDefault = Shape<_128, _256, _64>;
+using ClusterDefault = Shape<_1, _1, _1>;
+using KernelCoop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+using EpiCoop = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+
+}  // namespace mok

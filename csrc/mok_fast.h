@@ -1,0 +1,79 @@
+// mok fast path: C ABI shared by the kernels (csrc/*.cu) and the Python loader (mok/fast/_lib.py).
+// Shapes follow SPEC §1: T tokens, H hidden, I routed intermediate, S shared intermediate,
+// E experts, L = E / W local experts, K experts per token. Rows are (token, k) pairs placed in
+// canonical order: by expert, then token index, then k.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#define MOK_MAX_SEGMENTS 2
+
+// One operand of a grouped GEMM. For group g (expert e = g - expert_base, or the shared expert):
+//   pointer = base + e * expert_stride + row_offset(e) * row_stride   (in elements)
+// and ld is the leading dimension (elements) of the matrix as stored.
+struct MokOperand {
+  void* base;
+  int64_t expert_stride;
+  int64_t row_stride;
+  int64_t ld;
+};
+
+// A run of groups sharing one formula. rows(e) = offsets[e + 1] - offsets[e] when offsets is
+// non-null, else fixed_rows. rows_dim says which of M (0) or K (2) is rows(e); the other two are
+// the constants m, n, k. Groups whose rows are 0 get M = 0 (no tiles).
+struct MokSegment {
+  int num_groups;
+  int rows_dim;
+  int fixed_rows;
+  int m, n, k;
+  const int* offsets;  // device, [num_groups + 1] int32, or nullptr
+  MokOperand a, b, d;
+};
+
+enum MokGemmKind {
+  MOK_GEMM_TN_F32 = 0,   // A row-major [M,K], B [N,K] row-major (K-major), D fp32 row-major
+  MOK_GEMM_TN_BF16 = 1,  // same, D bf16
+  MOK_GEMM_NN_F32 = 2,   // A row-major [M,K], B [K,N] row-major (N-major), D fp32
+  MOK_GEMM_NN_BF16 = 3,  // same, D bf16
+  MOK_GEMM_TT_F32 = 4,   // A [K,M] row-major (M-major), B [K,N] row-major (N-major), D fp32 (weight grads)
+  MOK_GEMM_NUM_KINDS = 5
+};
+
+extern "C" {
+// Bytes of device memory the grouped GEMM of this kind needs for `groups` groups: the CUTLASS
+// workspace plus the per-group argument arrays. Host only, no device work.
+size_t mok_gemm_workspace_bytes(int kind, int groups, int device);
+// Grouped GEMM D_g = A_g B_g (fp32 accumulation, one rounding to D's type), groups described by
+// `segs` (host array of n_segs). workspace: mok_gemm_workspace_bytes bytes of device memory.
+// Returns 0 on success, else a nonzero code (see mok_last_error).
+int mok_grouped_gemm(int kind, const MokSegment* segs, int n_segs, void* workspace,
+                     size_t workspace_bytes, int device, cudaStream_t stream);
+const char* mok_last_error();
+
+// Routing schedule (csrc/schedule.cu). topk_idx [T,K] int64 global ids, experts [e0, e0+L).
+// counts/offsets: int32 [L+1] (offsets exclusive scan, offsets[L] = rows placed);
+// row_pair [capacity] int32: pair index t*K+k of each row; pair_row [T*K] int32: row of each pair
+// (-1 if the pair's expert is not local); flag int32 [1]: set nonzero when an id is out of
+// [0, E), repeated within a row, or rows exceed capacity.
+int mok_schedule(const int64_t* topk_idx, int T, int K, int E, int e0, int L, int capacity,
+                 int* offsets, int* row_pair, int* pair_row, int* flag, cudaStream_t stream);
+
+// Elementwise / gather / combine kernels (csrc/elementwise.cu); all bf16 = uint16 storage.
+int mok_gather_rows(const void* x_TH, const int* row_pair, const int* offsets, int L, int K, int H,
+                    int capacity, void* x_RH, cudaStream_t stream);
+int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* n_rows_dev, int fixed_rows, int I,
+                   int capacity, void* a, cudaStream_t stream);
+int mok_combine_fwd(const void* s_TH, const void* o_RH, const float* w_TK, const int* pair_row,
+                    const int* flag, int T, int K, int H, void* y_TH, cudaStream_t stream);
+int mok_combine_bwd_pre(const void* dy_TH, const void* o_RH, const float* w_TK,
+                        const int* pair_row, const int* flag, int T, int K, int H,
+                        float* d_w_TK, void* go_RH, cudaStream_t stream);
+int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* n_rows_dev,
+                   int fixed_rows, int I, int capacity, void* dgu, cudaStream_t stream);
+int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_row,
+                       const int* flag, int T, int K, int H, void* dx_TH, cudaStream_t stream);
+int mok_zero_empty(float* d, const int* offsets, int L, int64_t per_expert, const int* flag,
+                   cudaStream_t stream);
+int mok_poison(void* p, int64_t n, int is_bf16, const int* flag, cudaStream_t stream);
+}

@@ -1,0 +1,166 @@
+"""Bit-defining primitives of the reference (numerics contract v1, docs/numerics.md).
+
+Everything here is built from IEEE-754 basic operations on fp32 tensors (+ - * /, exact
+scaling by powers of two, floor, comparisons) issued as separate elementwise PyTorch ops,
+so every conforming platform (any CPU, any thread count, CUDA) rounds them the same way.
+No BLAS, no library reduction over a long axis, no platform exp/sigmoid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CONTRACT_VERSION = 1
+
+# Rows per chunk are chosen so a chunk's exact-product tensor stays near this many elements.
+# Chunking splits independent output rows only; it never changes a reduction, so no bits.
+_CHUNK_ELEMS = 1 << 24
+
+
+def tree_sum(p: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum fp32 `p` over `dim` with the contract's fixed pairwise tree.
+
+    Order (contract v1): with n terms v_0..v_{n-1}, one level computes
+    v_i <- v_i + v_{h+i} for i < h = n // 2 and, if n is odd, carries v_{2h} to slot h;
+    then n <- h + n % 2, until one term is left. n = 0 gives +0.0.
+
+    Args:
+        p: any shape, float32.
+        dim: the axis to reduce.
+    Returns:
+        `p`'s shape without `dim`, float32.
+    """
+    dim = dim % p.dim()
+    n = p.shape[dim]
+    if n == 0:
+        shape = list(p.shape)
+        del shape[dim]
+        return torch.zeros(shape, dtype=p.dtype, device=p.device)
+    while n > 1:
+        h = n // 2
+        head = p.narrow(dim, 0, h) + p.narrow(dim, h, h)
+        p = torch.cat([head, p.narrow(dim, 2 * h, 1)], dim) if n % 2 else head
+        n = h + n % 2
+    return p.squeeze(dim)
+
+
+def matmul_exact(a_MD: torch.Tensor, b_ND: torch.Tensor) -> torch.Tensor:
+    """a @ bᵀ for bf16 operands: exact fp32 products, then `tree_sum` over D.
+
+    Args:
+        a_MD: [M, D] bfloat16.
+        b_ND: [N, D] bfloat16.
+    Returns:
+        [M, N] float32.
+    """
+    M, D = a_MD.shape
+    N = b_ND.shape[0]
+    b = b_ND.float()
+    out = torch.empty(M, N, dtype=torch.float32, device=a_MD.device)
+    rows = max(1, _CHUNK_ELEMS // max(1, N * D))
+    for m0 in range(0, M, rows):
+        a = a_MD[m0 : m0 + rows].float()
+        out[m0 : m0 + rows] = tree_sum(a[:, None, :] * b[None, :, :], dim=2)
+    return out
+
+
+def rows_outer_sum(a_RM: torch.Tensor, b_RN: torch.Tensor) -> torch.Tensor:
+    """Σ_r a[r]ᵀ b[r] for bf16 operands: exact products, `tree_sum` over rows in given order.
+
+    Used for weight gradients; rows must already be in canonical order.
+
+    Args:
+        a_RM: [R, M] bfloat16.
+        b_RN: [R, N] bfloat16.
+    Returns:
+        [M, N] float32.
+    """
+    R, M = a_RM.shape
+    N = b_RN.shape[1]
+    a = a_RM.float()
+    b = b_RN.float()
+    out = torch.empty(M, N, dtype=torch.float32, device=a_RM.device)
+    cols = max(1, _CHUNK_ELEMS // max(1, R * N))
+    for m0 in range(0, M, cols):
+        out[m0 : m0 + cols] = tree_sum(a[:, m0 : m0 + cols, None] * b[:, None, :], dim=0)
+    return out
+
+
+def rowwise_dot(a_TH: torch.Tensor, b_TKH: torch.Tensor) -> torch.Tensor:
+    """c[t, k] = Σ_h a[t, h] * b[t, k, h] for bf16 operands: exact products, `tree_sum` over H.
+
+    Args:
+        a_TH: [T, H] bfloat16.
+        b_TKH: [T, K, H] bfloat16.
+    Returns:
+        [T, K] float32.
+    """
+    return tree_sum(a_TH.float()[:, None, :] * b_TKH.float(), dim=2)
+
+
+# exp(x) = 2^n * p(r), x = n*ln2 + r, |r| <= ln2/2 (Cody-Waite split of ln2, so n*LN2_HI is exact).
+_LOG2E = 1.44269502162933349609375  # fp32(1/ln2)
+_LN2_HI = 0.693145751953125  # ln2 to 16 bits: n * _LN2_HI is exact for |n| < 2^8
+_LN2_LO = 1.428606765330187045e-06  # fp32(ln2 - _LN2_HI)
+# Taylor coefficients 1/k!, k = 7..0, each rounded to fp32; |error| < 6e-9 on |r| <= ln2/2.
+_EXP_COEF = (
+    1.98412701138295233249664306640625e-04,
+    1.38888892251998186111450195312500e-03,
+    8.33333376795053482055664062500000e-03,
+    4.16666679084300994873046875000000e-02,
+    1.66666671633720397949218750000000e-01,
+    0.5,
+    1.0,
+    1.0,
+)
+_EXP_HI = 89.0  # exp(x) = inf in fp32 for x > 88.73
+_EXP_LO = -104.0  # exp(x) = +0 in fp32 for x < -103.98
+
+
+def _pow2(n: torch.Tensor) -> torch.Tensor:
+    """2^n as fp32 for integer-valued int32 `n` in [-126, 127], built from its exponent bits."""
+    return ((n + 127) << 23).view(torch.float32)
+
+
+def exp_exact(x: torch.Tensor) -> torch.Tensor:
+    """exp for float32 from basic IEEE operations only (same bits on every platform).
+
+    Args:
+        x: any shape, float32.
+    Returns:
+        same shape, float32; NaN stays NaN, +inf -> inf, -inf -> 0.
+    """
+    xc = x.clamp(_EXP_LO, _EXP_HI)
+    n = torch.floor(xc * _LOG2E + 0.5)
+    r = (xc - n * _LN2_HI) - n * _LN2_LO
+    p = torch.full_like(r, _EXP_COEF[0])
+    for c in _EXP_COEF[1:]:
+        p = p * r + c
+    n_i = n.to(torch.int32)
+    half = torch.div(n_i, 2, rounding_mode="floor")
+    y = (p * _pow2(half)) * _pow2(n_i - half)
+    y = torch.where(x > _EXP_HI, torch.full_like(y, float("inf")), y)
+    y = torch.where(x < _EXP_LO, torch.zeros_like(y), y)
+    return torch.where(torch.isnan(x), x, y)
+
+
+def sigmoid_exact(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-x)), fp32, from `exp_exact` and one IEEE division."""
+    one = torch.ones_like(x)
+    return one / (one + exp_exact(-x))
+
+
+def silu_exact(g: torch.Tensor) -> torch.Tensor:
+    """silu(g) = g * sigmoid(g), fp32."""
+    return g * sigmoid_exact(g)
+
+
+def dsilu_exact(g: torch.Tensor) -> torch.Tensor:
+    """silu'(g) = s * (1 + g * (1 - s)) with s = sigmoid(g), fp32, evaluated in this order."""
+    s = sigmoid_exact(g)
+    return s * (1.0 + g * (1.0 - s))
+
+
+def bf16(x: torch.Tensor) -> torch.Tensor:
+    """Round fp32 to bfloat16 (IEEE round-to-nearest-even)."""
+    return x.to(torch.bfloat16)

@@ -1,0 +1,187 @@
+"""The reference MoE layer, forward and backward (SPEC §2), bit-exact (docs/numerics.md).
+
+Expert parallelism: every rank gathers the whole group's tokens (N = W * T rows, rank order),
+computes the rows routed to its own L experts in canonical order (global token, then k),
+and the token owners gather those rows back. Per-row math never depends on W, and an
+expert's weight gradient sums exactly the same ordered list of rows for every W, so every
+output is bitwise independent of W.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import comm
+from .exact import bf16, dsilu_exact, matmul_exact, rows_outer_sum, rowwise_dot, silu_exact
+from .validate import Dims, check_expert_ids, check_grad_out, check_layer_args
+
+
+@dataclass
+class ExpertRows:
+    """Rows of one local expert, canonical order. f: [R] int64 flat (n * K + k) row ids."""
+
+    f: torch.Tensor
+    g: torch.Tensor  # [R, I] fp32
+    u: torch.Tensor  # [R, I] fp32
+    a: torch.Tensor  # [R, I] bf16
+
+
+@dataclass
+class Ctx:
+    """What backward needs from forward (all on the layer's device)."""
+
+    dims: Dims
+    group: object
+    rank: int
+    x_NH: torch.Tensor
+    topk_idx_NK: torch.Tensor
+    topk_weight_NK: torch.Tensor
+    o_TKH: torch.Tensor
+    experts: list
+    shared: tuple  # (gate, up, down) or (None, None, None)
+    routed: tuple  # (gate_LIH, up_LIH, down_LHI)
+    shared_rows: ExpertRows | None  # this rank's T tokens
+
+
+def _swiglu_expert(x_RH, w_gate_IH, w_up_IH, w_down_HI):
+    """One expert on its rows. Returns (g, u fp32 [R, I], a bf16 [R, I], o bf16 [R, H])."""
+    g = matmul_exact(x_RH, w_gate_IH)
+    u = matmul_exact(x_RH, w_up_IH)
+    a = bf16(silu_exact(g) * u)
+    o = bf16(matmul_exact(a, w_down_HI))
+    return g, u, a, o
+
+
+def _ordered_sum(first: torch.Tensor | None, slots_TKH: torch.Tensor, weight_TK: torch.Tensor | None):
+    """bf16(((first + w_0*s_0) + w_1*s_1) + ...) in fp32; first = +0 when None; w = 1 when None."""
+    T, K, H = slots_TKH.shape
+    acc = first.float() if first is not None else torch.zeros(T, H, dtype=torch.float32, device=slots_TKH.device)
+    for k in range(K):
+        term = slots_TKH[:, k].float()
+        if weight_TK is not None:
+            term = weight_TK[:, k : k + 1] * term
+        acc = acc + term
+    return bf16(acc)
+
+
+def _local_rows(topk_idx_NK: torch.Tensor, e: int) -> torch.Tensor:
+    """Flat row ids (n * K + k) routed to expert e, ascending (canonical order)."""
+    return (topk_idx_NK.reshape(-1) == e).nonzero().squeeze(1)
+
+
+def _scatter_back(parts_by_rank, f_by_rank, NK: int, H: int, like: torch.Tensor) -> torch.Tensor:
+    """Place every rank's rows at their flat ids: [N*K, H]. Each id is written exactly once."""
+    out = like.new_zeros((NK, H))
+    for part, f in zip(parts_by_rank, f_by_rank):
+        out[f] = part
+    return out
+
+
+def forward(
+    x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
+    routed_gate, routed_up, routed_down, *, group=None,
+):
+    """Reference MoE forward (SPEC §2).
+
+    Args:
+        x: [T, H] bf16, this rank's tokens.
+        topk_idx: [T, K] int64, global expert ids in [0, E), distinct per row.
+        topk_weight: [T, K] fp32, used as given.
+        shared_gate, shared_up: [S, H] bf16 or None; shared_down: [H, S] bf16 or None.
+        routed_gate, routed_up: [L, I, H] bf16; routed_down: [L, H, I] bf16 (this rank's experts).
+        group: torch.distributed process group for expert parallelism, or None (W = 1).
+    Returns:
+        (y [T, H] bf16, ctx for `backward`).
+    """
+    W, rank = comm.world(group)
+    d = check_layer_args(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
+                         routed_gate, routed_up, routed_down, world_size=W)
+    comm.check_same_across_ranks(d.T, "x (tokens per rank T)", group)
+    x_NH = comm.all_gather_cat(x.contiguous(), group)
+    idx_NK = comm.all_gather_cat(topk_idx.contiguous(), group)
+    w_NK = comm.all_gather_cat(topk_weight.contiguous(), group)
+    check_expert_ids(idx_NK, d.E)  # global ids: every rank raises alike
+    N = x_NH.shape[0]
+
+    experts, f_local, o_local = [], [], []
+    for l in range(d.L):
+        f = _local_rows(idx_NK, rank * d.L + l)
+        g, u, a, o = _swiglu_expert(x_NH[f // d.K], routed_gate[l], routed_up[l], routed_down[l])
+        experts.append(ExpertRows(f=f, g=g, u=u, a=a))
+        f_local.append(f)
+        o_local.append(o)
+    o_all = _scatter_back(comm.all_gather_varlen(torch.cat(o_local), group),
+                          comm.all_gather_varlen(torch.cat(f_local), group), N * d.K, d.H, x)
+    o_TKH = o_all.view(N, d.K, d.H)[rank * d.T : (rank + 1) * d.T]
+
+    s, shared_rows = None, None
+    if shared_gate is not None:
+        g, u, a, s = _swiglu_expert(x.contiguous(), shared_gate, shared_up, shared_down)
+        shared_rows = ExpertRows(f=torch.arange(d.T, device=x.device), g=g, u=u, a=a)
+    y = _ordered_sum(s, o_TKH, topk_weight)
+    ctx = Ctx(dims=d, group=group, rank=rank, x_NH=x_NH, topk_idx_NK=idx_NK, topk_weight_NK=w_NK,
+              o_TKH=o_TKH, experts=experts, shared=(shared_gate, shared_up, shared_down),
+              routed=(routed_gate, routed_up, routed_down), shared_rows=shared_rows)
+    return y, ctx
+
+
+def _swiglu_expert_backward(go_RH, x_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w_down_HI):
+    """Returns (dx bf16 [R, H], d_gate fp32 [I, H], d_up fp32 [I, H], d_down fp32 [H, I])."""
+    da = matmul_exact(go_RH, w_down_HI.t())
+    dg = bf16((da * rows.u) * dsilu_exact(rows.g))
+    du = bf16(da * silu_exact(rows.g))
+    # one fp32 accumulation over 2I: gate's I terms first, then up's
+    dx = bf16(matmul_exact(torch.cat([dg, du], dim=1), torch.cat([w_gate_IH, w_up_IH], dim=0).t()))
+    return dx, rows_outer_sum(dg, x_RH), rows_outer_sum(du, x_RH), rows_outer_sum(go_RH, rows.a)
+
+
+def backward(ctx: Ctx, dy):
+    """Reference MoE backward (SPEC §2).
+
+    Args:
+        ctx: from `forward`.
+        dy: [T, H] bf16, gradient of this rank's y.
+    Returns:
+        (d_x [T, H] bf16, d_topk_weight [T, K] fp32, d_routed_gate [L, I, H] fp32,
+        d_routed_up [L, I, H] fp32, d_routed_down [L, H, I] fp32, d_shared_gate [S, H] fp32,
+        d_shared_up [S, H] fp32, d_shared_down [H, S] fp32; shared ones None without a shared
+        expert). Weight gradients are those of the whole group's loss: routed ones for this
+        rank's experts; shared ones summed over all N tokens, identical on every rank.
+    """
+    d, group = ctx.dims, ctx.group
+    check_grad_out(dy, d.T, d.H, ctx.x_NH.device)
+    dy = dy.contiguous()
+    d_topk_weight = rowwise_dot(dy, ctx.o_TKH)
+    dy_NH = comm.all_gather_cat(dy, group)
+    N = dy_NH.shape[0]
+    w_flat = ctx.topk_weight_NK.reshape(-1)
+    gate, up, down = ctx.routed
+    d_gate, d_up, d_down, dx_local, f_local = [], [], [], [], []
+    for l, rows in enumerate(ctx.experts):
+        n = rows.f // d.K
+        go = bf16(w_flat[rows.f, None] * dy_NH[n])
+        dx, dg_w, du_w, dd_w = _swiglu_expert_backward(go, ctx.x_NH[n], rows, gate[l], up[l], down[l])
+        d_gate.append(dg_w)
+        d_up.append(du_w)
+        d_down.append(dd_w)
+        dx_local.append(dx)
+        f_local.append(rows.f)
+    dx_all = _scatter_back(comm.all_gather_varlen(torch.cat(dx_local), group),
+                           comm.all_gather_varlen(torch.cat(f_local), group), N * d.K, d.H, dy)
+    dx_TKH = dx_all.view(N, d.K, d.H)[ctx.rank * d.T : (ctx.rank + 1) * d.T]
+
+    dx_s, d_shared = None, (None, None, None)
+    if ctx.shared_rows is not None:
+        sg, su, sd = ctx.shared
+        rows = ctx.shared_rows
+        da = matmul_exact(dy, sd.t())
+        dg = bf16((da * rows.u) * dsilu_exact(rows.g))
+        du = bf16(da * silu_exact(rows.g))
+        dx_s = bf16(matmul_exact(torch.cat([dg, du], dim=1), torch.cat([sg, su], dim=0).t()))
+        # the group's rows, rank order = global token order, so the sums match W = 1 bitwise
+        dg_N, du_N, a_N = (comm.all_gather_cat(t, group) for t in (dg, du, rows.a))
+        d_shared = (rows_outer_sum(dg_N, ctx.x_NH), rows_outer_sum(du_N, ctx.x_NH), rows_outer_sum(dy_NH, a_N))
+    d_x = _ordered_sum(dx_s, dx_TKH, None)
+    return (d_x, d_topk_weight, torch.stack(d_gate), torch.stack(d_up), torch.stack(d_down), *d_shared)

@@ -1,0 +1,57 @@
+"""Run one forward+backward of a layer implementation, whole or as one rank's shard."""
+
+from __future__ import annotations
+
+import torch
+
+from .bits import bit_diff
+from .cases import LAYER_ARGS, OUTPUT_NAMES
+
+
+def shard_inputs(inputs: dict, rank: int, world_size: int) -> dict:
+    """Rank `rank`'s part of global inputs: its T = N / W tokens and its L = E / W experts."""
+    from .reference.validate import check_ep_split
+
+    N = inputs["x"].shape[0]
+    L = check_ep_split(inputs["routed_gate"].shape[0], world_size)
+    if N % world_size:
+        raise ValueError(f"x: expected the token count divisible by W = {world_size}, got {N}")
+    T = N // world_size
+    out = dict(inputs)
+    for name in ("x", "topk_idx", "topk_weight", "dy"):
+        out[name] = inputs[name][rank * T : (rank + 1) * T]
+    for name in ("routed_gate", "routed_up", "routed_down"):
+        out[name] = inputs[name][rank * L : (rank + 1) * L]
+    return out
+
+
+def run_layer(inputs: dict, *, impl=None, group=None) -> dict:
+    """forward then backward(dy) of `impl` (a module with forward/backward; default the reference).
+
+    Returns {name: tensor or None} for OUTPUT_NAMES, on the inputs' device.
+    """
+    if impl is None:
+        from . import reference as impl
+    y, ctx = impl.forward(*(inputs[a] for a in LAYER_ARGS), group=group)
+    grads = impl.backward(ctx, inputs["dy"])
+    return dict(zip(OUTPUT_NAMES, (y, *grads)))
+
+
+def unshard_outputs(parts: list) -> dict:
+    """Assemble per-rank outputs (rank order) into global ones; shared grads must agree bitwise."""
+    out = {}
+    for name in ("y", "d_x", "d_topk_weight", "d_routed_gate", "d_routed_up", "d_routed_down"):
+        out[name] = torch.cat([p[name] for p in parts], dim=0)
+    for name in ("d_shared_gate", "d_shared_up", "d_shared_down"):
+        first = parts[0][name]
+        for r, p in enumerate(parts[1:], 1):
+            if first is not None and not bit_diff(p[name], first).equal:
+                raise AssertionError(f"{name}: rank {r} differs from rank 0; shared gradients must be identical on every rank")
+        out[name] = first
+    return out
+
+
+def run_sharded(inputs: dict, rank: int, world_size: int, group) -> dict:
+    """One rank's forward+backward on its shard of global `inputs` (called inside a process group)."""
+    local = shard_inputs(inputs, rank, world_size)
+    return {k: (v.cpu() if v is not None else None) for k, v in run_layer(local, group=group).items()}
