@@ -1,0 +1,149 @@
+"""Build and load the CUDA library of the fast path (csrc/*.cu) for sm_90a.
+
+The library is built on first use with ``torch.utils.cpp_extension.load`` (ninja) into a cache
+directory (``$MOK_FAST_CACHE`` or ``~/.cache/mok/fast``) and reused afterwards;
+``MOK_FAST_REBUILD=1`` forces a rebuild. ``MOK_FAST_LIB=/path/lib.so`` loads a library built
+elsewhere instead (``python -m mok.fast._build OUT.so`` builds one with nvcc alone). The kernels
+expose a C ABI (csrc/mok_fast.h) and are called through ctypes.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+NAME = "mok_fast_sm90a"
+ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
+CUDA_FLAGS = ["-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", *ARCH_FLAGS]
+
+
+class FastPathUnavailable(RuntimeError):
+    """Raised when the fast path cannot run here (no sm_90 GPU, no nvcc, no CUTLASS headers)."""
+
+
+def sources() -> list[str]:
+    """Every translation unit of the library, sorted."""
+    return sorted(str(p) for p in CSRC.glob("*.cu"))
+
+
+def cutlass_include_dirs() -> list[str]:
+    """CUTLASS/CuTe include dirs: $CUTLASS_DIR, else the `nvidia-cutlass` package's headers."""
+    roots = []
+    if os.environ.get("CUTLASS_DIR"):
+        roots.append(Path(os.environ["CUTLASS_DIR"]))
+    try:
+        import cutlass_library  # from the PyPI package nvidia-cutlass
+
+        roots.append(Path(cutlass_library.__file__).parent / "source")
+    except ImportError:
+        pass
+    for root in roots:
+        if (root / "include" / "cutlass" / "cutlass.h").exists():
+            return [str(root / "include"), str(root / "tools" / "util" / "include")]
+    raise FastPathUnavailable(
+        "CUTLASS headers not found: install the 'nvidia-cutlass' package (pip install nvidia-cutlass) "
+        "or set CUTLASS_DIR to a CUTLASS checkout")
+
+
+def find_nvcc() -> str:
+    """Path of nvcc ($CUDA_HOME/bin/nvcc or on PATH); raises FastPathUnavailable if absent."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    cand = [os.path.join(home, "bin", "nvcc")] if home else []
+    which = shutil.which("nvcc")
+    if which:
+        cand.append(which)
+    cand.append("/usr/local/cuda/bin/nvcc")
+    for c in cand:
+        if os.path.exists(c):
+            return c
+    raise FastPathUnavailable("nvcc not found: set CUDA_HOME or put nvcc on PATH (CUDA >= 12.3 needed for sm_90a)")
+
+
+def compile_flags() -> list[str]:
+    """nvcc flags shared by every build of the library."""
+    return [*CUDA_FLAGS, f"-I{CSRC}", *(f"-I{d}" for d in cutlass_include_dirs())]
+
+
+def build_with_torch(verbose: bool = False) -> str:
+    """Build (or reuse) the library via torch.utils.cpp_extension.load; returns the .so path."""
+    from torch.utils import cpp_extension
+
+    find_nvcc()
+    cache = Path(os.environ.get("MOK_FAST_CACHE", Path.home() / ".cache" / "mok" / "fast"))
+    build_dir = cache / NAME
+    if os.environ.get("MOK_FAST_REBUILD") == "1" and build_dir.exists():
+        shutil.rmtree(build_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    old_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # torch then emits -gencode=arch=compute_90a,code=sm_90a only
+    try:
+        cpp_extension.load(
+            name=NAME,
+            sources=sources(),
+            extra_cuda_cflags=[f for f in CUDA_FLAGS if f not in ARCH_FLAGS],
+            extra_include_paths=[str(CSRC), *cutlass_include_dirs()],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=verbose,
+        )
+    finally:
+        if old_arch is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = old_arch
+    found = sorted(glob.glob(str(build_dir / f"{NAME}*.so")))
+    if not found:
+        raise FastPathUnavailable(f"build produced no library in {build_dir}")
+    return found[0]
+
+
+def build_standalone(out: str, jobs: int = 2) -> str:
+    """Build the library with nvcc alone (no torch headers) into `out`; returns `out`."""
+    nvcc = find_nvcc()
+    objdir = Path(out).parent / (Path(out).stem + "_obj")
+    objdir.mkdir(parents=True, exist_ok=True)
+    procs, objs = [], []
+    for src in sources():
+        obj = objdir / (Path(src).stem + ".o")
+        objs.append(str(obj))
+        if obj.exists() and obj.stat().st_mtime > max(Path(s).stat().st_mtime for s in glob.glob(str(CSRC / "*"))):
+            continue
+        cmd = [nvcc, *compile_flags(), "-Xcompiler", "-fPIC", "-c", src, "-o", str(obj)]
+        procs.append(subprocess.Popen(cmd))
+        while len([p for p in procs if p.poll() is None]) >= jobs:
+            procs[0].wait() if procs[0].poll() is None else procs.pop(0)
+    for p in procs:
+        if p.wait() != 0:
+            raise RuntimeError(f"nvcc failed: {p.args}")
+    subprocess.check_call([nvcc, *ARCH_FLAGS, "-shared", "-cudart", "static", *objs, "-o", out])
+    return out
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library (built on first call); raises FastPathUnavailable when it cannot run."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    import torch
+
+    if not torch.cuda.is_available():
+        raise FastPathUnavailable("mok.fast needs a CUDA GPU of compute capability 9.0 (Hopper); none is visible")
+    cap = torch.cuda.get_device_capability()
+    if cap != (9, 0):
+        raise FastPathUnavailable(
+            f"mok.fast needs compute capability 9.0 (sm_90a, H100/H200); device 0 has {cap[0]}.{cap[1]}")
+    path = os.environ.get("MOK_FAST_LIB") or build_with_torch(verbose=os.environ.get("MOK_FAST_VERBOSE") == "1")
+    _LIB = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    return _LIB
+
+
+if __name__ == "__main__":
+    print(build_standalone(sys.argv[1], jobs=int(os.environ.get("MOK_FAST_JOBS", "2"))))

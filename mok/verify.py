@@ -1,0 +1,134 @@
+"""`mok verify`: the determinism suite on the embedded default config, as a verdict table.
+
+CPU: goldens reproduced, reruns, 1 vs 2 threads, W = 1, 2, 4 in separate processes, seeds differ.
+CUDA: goldens reproduced by the reference on the GPU, GPU vs CPU reference, and (when the
+fast path is present) its reruns, batch invariance and closeness to the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from .bits import bit_diff
+from .cases import DEFAULT, OUTPUT_NAMES, MoEConfig, make_inputs
+
+
+@dataclass
+class Check:
+    """One row of the verdict table."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+def compare_outputs(got: dict, expected: dict) -> tuple[bool, str]:
+    """All outputs bitwise equal? Detail names the first differing tensor and element."""
+    for k in OUTPUT_NAMES:
+        if (got[k] is None) != (expected[k] is None):
+            return False, f"{k}: present in one run only"
+        if got[k] is None:
+            continue
+        d = bit_diff(got[k].cpu(), expected[k].cpu())
+        if not d.equal:
+            return False, (f"{k}: {d.n_diff} elements differ, first at {d.first_index}: "
+                           f"{d.first_values[0]!r} vs {d.first_values[1]!r}")
+    n = sum(v is not None for v in expected.values())
+    return True, f"{n} tensors bit-identical"
+
+
+def _with_threads(n: int, fn):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(old)
+
+
+def cpu_checks(cfg: MoEConfig = DEFAULT, seed: int = 0, world_sizes=(2, 4)):
+    """(name, thunk) pairs; each thunk returns (ok, detail)."""
+    from .dist import run_reference_world
+    from .golden import CASES, check_case
+    from .runner import run_layer, unshard_outputs
+
+    inputs = make_inputs(cfg, seed)
+    base = {}
+
+    def baseline():
+        base.update(run_layer(inputs))
+        return True, "computed"
+
+    def golden(name):
+        r = check_case(name, world_sizes=(1,))
+        return r.ok, "bit-identical to the file" if r.ok else "; ".join(f"{k}: {p}" for k, p in r.problems[:2])
+
+    def world(W):
+        return compare_outputs(unshard_outputs(run_reference_world(inputs, W)), base)
+
+    def seeds_differ():
+        other = run_layer(make_inputs(cfg, seed + 1))
+        same = [k for k in OUTPUT_NAMES if base[k] is not None and bit_diff(other[k], base[k]).equal]
+        return not same, "every tensor changes with the seed" if not same else f"unchanged: {same}"
+
+    checks = [(f"golden {c.name}", lambda c=c: golden(c.name)) for c in CASES]
+    checks += [
+        (f"default {cfg.T},{cfg.H},{cfg.I},{cfg.E},{cfg.K},{cfg.S}: W=1", baseline),
+        ("rerun", lambda: compare_outputs(run_layer(inputs), base)),
+        ("1 vs 2 threads", lambda: compare_outputs(_with_threads(1, lambda: run_layer(inputs)),
+                                                   _with_threads(2, lambda: run_layer(inputs)))),
+    ]
+    checks += [(f"W={W} vs W=1 (separate processes)", lambda W=W: world(W)) for W in world_sizes]
+    checks.append(("seeds differ (not vacuous)", seeds_differ))
+    return checks
+
+
+def cuda_checks(cfg: MoEConfig = DEFAULT, seed: int = 0):
+    """Reference on the GPU (goldens, vs CPU), then the fast path's checks if it is importable."""
+    from .golden import CASES, check_case
+    from .runner import run_layer
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("device: expected a CUDA GPU for `mok verify --device cuda`, found none")
+    inputs = make_inputs(cfg, seed)
+
+    def golden(name):
+        r = check_case(name, device="cuda", world_sizes=(1,))
+        return r.ok, "bit-identical to the file" if r.ok else "; ".join(f"{k}: {p}" for k, p in r.problems[:2])
+
+    checks = [(f"golden {c.name} (reference on cuda)", lambda c=c: golden(c.name)) for c in CASES]
+    checks.append(("reference cuda vs cpu", lambda: compare_outputs(
+        run_layer(make_inputs(cfg, seed, device="cuda")), run_layer(inputs))))
+    try:
+        from .fast import checks as fast_checks
+    except ImportError as e:  # the fast path is optional
+        checks.append(("fast path", lambda e=e: (False, f"not importable: {e}")))
+    else:
+        checks += fast_checks.verify_checks()
+    return checks
+
+
+def run_checks(checks, progress: bool = True) -> list[Check]:
+    """Run every check (an exception is a failure with its message), with a progress bar."""
+    results = []
+    bar = tqdm(checks, desc="mok verify", disable=not progress)
+    for name, thunk in bar:
+        bar.set_postfix_str(name[:40])
+        try:
+            ok, detail = thunk()
+        except Exception as e:  # reported, never hidden: the row fails with the error
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        results.append(Check(name, ok, detail))
+    return results
+
+
+def format_verdicts(results: list[Check]) -> str:
+    rows = [("check", "verdict", "detail")] + [(r.name, "PASS" if r.ok else "FAIL", r.detail) for r in results]
+    w0, w1 = (max(len(r[i]) for r in rows) for i in (0, 1))
+    lines = [f"{a.ljust(w0)}  {b.ljust(w1)}  {c}" for a, b, c in rows]
+    n_fail = sum(not r.ok for r in results)
+    lines.append(f"\n{len(results) - n_fail} passed, {n_fail} failed")
+    return "\n".join(lines)

@@ -1,0 +1,8 @@
+"""Thin wrapper: `mok golden regen` (see mok/cli.py). Run: python tools/regen_golden.py --help"""
+
+import sys
+
+from mok.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["golden", "regen"] + sys.argv[1:]))
