@@ -144,10 +144,15 @@ def exp_exact(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), x, y)
 
 
+_SIGMOID_NEG = -80.0  # below this exp(-x) would overflow near -88.7 although sigmoid(x) is > 0
+
+
 def sigmoid_exact(x: torch.Tensor) -> torch.Tensor:
-    """1 / (1 + exp(-x)), fp32, from `exp_exact` and one IEEE division."""
+    """1 / (1 + exp(-x)) for x >= -80, else e / (1 + e) with e = exp(x); fp32, IEEE ops only."""
     one = torch.ones_like(x)
-    return one / (one + exp_exact(-x))
+    pos = one / (one + exp_exact(-x))
+    e = exp_exact(torch.minimum(x, torch.full_like(x, _SIGMOID_NEG)))
+    return torch.where(x < _SIGMOID_NEG, e / (one + e), pos)
 
 
 def silu_exact(g: torch.Tensor) -> torch.Tensor:

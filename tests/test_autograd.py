@@ -1,0 +1,77 @@
+"""mok.reference.moe under autograd gives the functional backward's bits."""
+
+import pytest
+
+from mok import reference
+from mok.bits import assert_bitwise_equal
+from mok.cases import DEFAULT, LAYER_ARGS, MoEConfig, make_inputs
+from mok.runner import run_layer
+
+GRAD_OF = {"x": "d_x", "topk_weight": "d_topk_weight", "routed_gate": "d_routed_gate",
+           "routed_up": "d_routed_up", "routed_down": "d_routed_down", "shared_gate": "d_shared_gate",
+           "shared_up": "d_shared_up", "shared_down": "d_shared_down"}
+
+
+def _leaves(inputs):
+    return {a: (inputs[a].clone().requires_grad_(True) if a in GRAD_OF and inputs[a] is not None else inputs[a])
+            for a in LAYER_ARGS}
+
+
+@pytest.mark.parametrize("cfg, routing", [
+    (DEFAULT, "random"),                                          # shared expert, odd sizes
+    (MoEConfig(T=37, H=24, I=12, E=4, K=4, S=0), "random"),       # no shared expert, K = E, T = 37
+    (MoEConfig(T=16, H=16, I=8, E=4, K=2, S=8), "empty_expert"),  # an expert without tokens: zero grads
+])
+def test_backward_matches_functional(cfg, routing):
+    inputs = make_inputs(cfg, seed=0, routing=routing)
+    want = run_layer(inputs)
+    leaves = _leaves(inputs)
+    y = reference.moe(*(leaves[a] for a in LAYER_ARGS))
+    assert_bitwise_equal(y.detach(), want["y"], "y")
+    y.backward(inputs["dy"])
+    for arg, out in GRAD_OF.items():
+        if inputs[arg] is None:
+            assert want[out] is None
+            continue
+        grad = leaves[arg].grad
+        # the engine casts each gradient to its input's dtype: fp32 weight grads -> bf16
+        assert grad.dtype == inputs[arg].dtype, arg
+        assert_bitwise_equal(grad, want[out].to(inputs[arg].dtype), f"{arg}.grad")
+
+
+def test_loss_backward_matches_functional():
+    """Through a scalar loss whose gradient w.r.t. y is exactly dy (bf16 values, fp32 product)."""
+    inputs = make_inputs(MoEConfig(T=8, H=16, I=8, E=4, K=2, S=8), seed=1)
+    want = run_layer(inputs)
+    leaves = _leaves(inputs)
+    y = reference.moe(*(leaves[a] for a in LAYER_ARGS))
+    (y.float() * inputs["dy"].float()).sum().backward()
+    assert_bitwise_equal(leaves["x"].grad, want["d_x"], "x.grad")
+    assert_bitwise_equal(leaves["topk_weight"].grad, want["d_topk_weight"], "topk_weight.grad")
+    assert_bitwise_equal(leaves["routed_down"].grad, want["d_routed_down"].bfloat16(), "routed_down.grad")
+
+
+def test_only_some_inputs_require_grad():
+    """Frozen weights: x and topk_weight still get the functional bits; weights get no .grad."""
+    inputs = make_inputs(MoEConfig(T=8, H=16, I=8, E=4, K=2, S=8), seed=2)
+    want = run_layer(inputs)
+    x = inputs["x"].clone().requires_grad_(True)
+    w = inputs["topk_weight"].clone().requires_grad_(True)
+    y = reference.moe(x, inputs["topk_idx"], w, *(inputs[a] for a in LAYER_ARGS[3:]))
+    y.backward(inputs["dy"])
+    assert_bitwise_equal(x.grad, want["d_x"], "x.grad")
+    assert_bitwise_equal(w.grad, want["d_topk_weight"], "topk_weight.grad")
+    assert all(inputs[a] is None or inputs[a].grad is None for a in LAYER_ARGS[3:])
+
+
+def test_non_contiguous_dy():
+    """autograd may hand the backward a non-contiguous gradient (here: a transposed view)."""
+    inputs = make_inputs(MoEConfig(T=8, H=16, I=8, E=4, K=2, S=8), seed=3)
+    want = run_layer(inputs)
+    leaves = _leaves(inputs)
+    y = reference.moe(*(leaves[a] for a in LAYER_ARGS))
+    dy_t = inputs["dy"].t().contiguous().t()
+    assert not dy_t.is_contiguous()
+    y.backward(dy_t)
+    assert_bitwise_equal(leaves["x"].grad, want["d_x"], "x.grad")
+    assert_bitwise_equal(leaves["routed_gate"].grad, want["d_routed_gate"].bfloat16(), "routed_gate.grad")
