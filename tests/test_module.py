@@ -1,0 +1,241 @@
+"""mok.MoE: shapes, parameters, state_dict, backend choice, argument errors, agreement with the
+functional reference, and the router's / router losses' hand-written gradients."""
+
+import logging
+
+import pytest
+import torch
+
+import mok
+from mok import losses, reference
+from mok.bits import assert_bitwise_equal
+from mok.nn import backend as nn_backend
+
+
+def _moe(**kw):
+    args = dict(hidden_size=16, intermediate_size=8, num_experts=4, top_k=2, shared_intermediate_size=8)
+    args.update(kw)
+    torch.manual_seed(0)
+    return mok.MoE(**args)
+
+
+@pytest.mark.parametrize("shape", [
+    (5, 16),      # [T, H]
+    (2, 3, 16),   # [B, S, H]
+    (0, 16),      # no tokens
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_output_shape_and_dtype(shape, dtype):
+    m = _moe()
+    x = torch.randn(shape).to(dtype)
+    y, rl = m(x, return_router_losses=True)
+    assert y.shape == x.shape and y.dtype == dtype
+    assert rl.load_balance.shape == () and rl.z.shape == ()
+
+
+@pytest.mark.parametrize("S, expected", [
+    (0, 4 * 16 + 3 * 4 * 8 * 16),             # router + routed experts only
+    (8, 4 * 16 + 3 * 4 * 8 * 16 + 3 * 8 * 16),  # plus the shared expert
+])
+def test_parameter_count_and_names(S, expected):
+    m = _moe(shared_intermediate_size=S)
+    assert sum(p.numel() for p in m.parameters()) == expected
+    names = {n for n, _ in m.named_parameters()}
+    assert {"w_router_EH", "w_gate_LIH", "w_up_LIH", "w_down_LHI"} <= names
+    assert ("w_shared_gate_SH" in names) == bool(S)
+
+
+def test_state_dict_round_trip_gives_same_bits():
+    a = _moe()
+    torch.manual_seed(1)
+    b = mok.MoE(16, 8, 4, 2, shared_intermediate_size=8)
+    x = torch.randn(7, 16)
+    assert not torch.equal(a(x), b(x))
+    b.load_state_dict(a.state_dict())
+    assert_bitwise_equal(b(x), a(x), "y after load_state_dict")
+
+
+def test_seeded_init_is_reproducible_and_scaled():
+    a, b = _moe(), _moe()
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert_bitwise_equal(p, q, n)
+    # fan-in scaling: std close to H^-0.5 for the gate, I^-0.5 for the down projection
+    assert abs(a.w_gate_LIH.std().item() - 16**-0.5) < 0.05
+    assert abs(a.w_down_LHI.std().item() - 8**-0.5) < 0.05
+
+
+@pytest.mark.parametrize("S", [0, 8])  # without / with the shared expert
+@pytest.mark.parametrize("score, normalize", [("softmax", True), ("sigmoid", False)])
+def test_module_equals_functional_reference(S, score, normalize):
+    """The module is the router + the reference layer: same y and weight gradients, bit for bit."""
+    m = _moe(shared_intermediate_size=S, score=score, normalize=normalize, dtype=torch.bfloat16)
+    x = torch.randn(9, 16).to(torch.bfloat16)
+    dy = torch.randn(9, 16).to(torch.bfloat16)
+    y = m(x)
+    y.backward(dy)
+    logits = reference.layer.matmul_exact(x, m.w_router_EH.detach())
+    idx, w = reference.route(logits, 2, score=score, normalize=normalize)
+    sh = [getattr(m, n).detach() if S else None for n in ("w_shared_gate_SH", "w_shared_up_SH", "w_shared_down_HS")]
+    y_ref, ctx = reference.forward(x, idx, w, *sh, m.w_gate_LIH.detach(), m.w_up_LIH.detach(),
+                                   m.w_down_LHI.detach())
+    assert_bitwise_equal(y, y_ref, "y")
+    g = reference.backward(ctx, dy)
+    assert_bitwise_equal(m.w_gate_LIH.grad, g[2].to(torch.bfloat16), "d_routed_gate")
+    assert_bitwise_equal(m.w_down_LHI.grad, g[4].to(torch.bfloat16), "d_routed_down")
+
+
+def test_fp32_master_weights_get_unrounded_fp32_gradients():
+    m = _moe()
+    x = torch.randn(9, 16)
+    m(x).float().square().sum().backward()
+    assert m.w_gate_LIH.grad.dtype == torch.float32
+    # an fp32 tree sum of exact products: not all values are bf16-representable
+    assert not torch.equal(m.w_gate_LIH.grad, m.w_gate_LIH.grad.to(torch.bfloat16).float())
+
+
+def test_rerun_gives_identical_bits():
+    outs = []
+    for _ in range(2):
+        m = _moe()
+        x = torch.randn(11, 16, generator=torch.Generator().manual_seed(3), requires_grad=True)
+        y, rl = m(x, return_router_losses=True)
+        (y.square().sum() + rl.load_balance + rl.z).backward()
+        outs.append([y, x.grad] + [p.grad for p in m.parameters()])
+    for i, (a, b) in enumerate(zip(*outs)):
+        assert_bitwise_equal(a, b, f"output {i}")
+
+
+# ---------------------------------------------------------------- backend selection
+
+
+def test_auto_backend_on_cpu_picks_reference_and_says_so(caplog):
+    nn_backend._announced.clear()
+    with caplog.at_level(logging.INFO, logger="mok"):
+        m = _moe(backend="auto")
+        _moe(backend="auto")
+    assert m.backend_in_use == "reference"
+    assert "CUDA" in m.backend_reason
+    msgs = [r.getMessage() for r in caplog.records if "mok.MoE backend" in r.getMessage()]
+    assert len(msgs) == 1, msgs  # logged once
+
+
+@pytest.mark.parametrize("requested, expected", [
+    ("reference", "reference"),
+    ("auto", "reference"),  # CPU
+])
+def test_backend_resolution(requested, expected):
+    assert _moe(backend=requested).backend_in_use == expected
+
+
+@pytest.mark.gpu
+def test_auto_backend_follows_device():
+    m = _moe(backend="auto").cuda()
+    ok, _ = nn_backend.fast_status(torch.device("cuda"))
+    assert m.backend_in_use == ("fast" if ok else "reference")
+    assert m.cpu().backend_in_use == "reference"
+
+
+# ---------------------------------------------------------------- bad arguments
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(hidden_size=0), "hidden_size"),
+    (dict(intermediate_size=2.5), "intermediate_size"),
+    (dict(num_experts=True), "num_experts"),
+    (dict(top_k=5), "top_k"),                      # K > E
+    (dict(top_k=0), "top_k"),
+    (dict(shared_intermediate_size=-1), "shared_intermediate_size"),
+    (dict(score="relu"), "score"),
+    (dict(normalize=1), "normalize"),
+    (dict(backend="triton"), "backend"),
+    (dict(recompute="yes"), "recompute"),
+    (dict(dtype=torch.float16), "dtype"),
+])
+def test_bad_constructor_arguments_name_the_argument(kw, name):
+    with pytest.raises((ValueError, TypeError), match=f"^{name}: expected"):
+        _moe(**kw)
+
+
+@pytest.mark.parametrize("x, msg", [
+    (torch.randn(3, 15), r"x: expected shape \(\.\.\., 16\), got \(3, 15\)"),
+    (torch.randn(3, 16).half(), "x: expected dtype torch.float32 or torch.bfloat16, got torch.float16"),
+    ("tokens", "x: expected a torch.Tensor, got str"),
+])
+def test_bad_input_names_x(x, msg):
+    with pytest.raises((ValueError, TypeError), match=msg):
+        _moe()(x)
+
+
+def test_explicit_fast_on_cpu_is_pending_with_reason():
+    # explicit "fast" on the CPU is accepted (the module may move to a GPU later) but says why it cannot run yet
+    m = _moe(backend="fast")
+    assert m.backend_in_use == "fast" and "not runnable yet" in m.backend_reason
+
+
+def test_fast_status_refuses_expert_parallelism_and_unaligned_sizes():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device to get past the device check")
+    dev = torch.device("cuda")
+    assert not nn_backend.fast_status(dev, world_size=2)[0]
+    assert not nn_backend.fast_status(dev, sizes=(16, 12, 0))[0]
+
+
+# ---------------------------------------------------------------- hand-written gradients
+
+
+def _route64(logits, idx, score, normalize):
+    l = logits.double()
+    p = torch.softmax(l, dim=1) if score == "softmax" else torch.sigmoid(l)
+    pk = torch.gather(p, 1, idx)
+    return (pk / pk.sum(1, keepdim=True) if normalize else pk), p
+
+
+@pytest.mark.parametrize("score, normalize", [
+    ("softmax", True), ("softmax", False), ("sigmoid", True), ("sigmoid", False),
+])
+def test_route_backward_matches_float64_autograd(score, normalize):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(13, 6, generator=g)
+    idx, _ = reference.route(logits, 3, score=score, normalize=normalize)
+    dw, ds = torch.randn(13, 3, generator=g), torch.randn(13, 6, generator=g)
+    got = losses.route_backward(logits, idx, dw, ds, score, normalize)
+    l64 = logits.double().requires_grad_()
+    w64, p64 = _route64(l64, idx, score, normalize)
+    (want,) = torch.autograd.grad((w64, p64), l64, (dw.double(), ds.double()))
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_router_losses_and_gradients_match_float64(score):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(17, 5, generator=g) * 3
+    idx, _ = reference.route(logits, 2, score=score)
+    scores = losses.scores(logits, score)
+    s64 = scores.double().requires_grad_()
+    l64 = logits.double().requires_grad_()
+    f = torch.bincount(idx.reshape(-1), minlength=5).double() / idx.numel()
+    q = s64 if score == "softmax" else s64 / s64.sum(1, keepdim=True)
+    lb64 = 5 * (f * q.mean(0)).sum()
+    z64 = torch.logsumexp(l64, 1).square().mean()
+    torch.testing.assert_close(losses.load_balance_loss(scores, idx, score).double(), lb64, rtol=1e-6, atol=0)
+    torch.testing.assert_close(losses.z_loss(logits).double(), z64, rtol=1e-6, atol=0)
+    (d_s,) = torch.autograd.grad(lb64, s64)
+    (d_l,) = torch.autograd.grad(z64, l64)
+    one = torch.tensor(1.0)
+    torch.testing.assert_close(losses.load_balance_loss_backward(one, scores, idx, score).double(), d_s,
+                               rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(losses.z_loss_backward(one, logits).double(), d_l, rtol=1e-5, atol=1e-8)
+
+
+def test_uniform_routing_has_balance_loss_one():
+    # 4 tokens, 4 experts, K = 1, each expert picked once, equal probabilities
+    scores = torch.full((4, 4), 0.25)
+    idx = torch.arange(4)[:, None]
+    assert losses.load_balance_loss(scores, idx, "softmax").item() == 1.0
+
+
+def test_log_exact_accuracy_and_nan():
+    x = torch.cat([torch.tensor([1.0, 1.5, 2.0, 3.0, 1e30]), 1 + torch.rand(10000) * 100])
+    got = losses.log_exact_ge1(x).double()
+    torch.testing.assert_close(got, x.double().log(), rtol=2e-7, atol=0)
+    assert torch.isnan(losses.log_exact_ge1(torch.tensor([float("nan")]))).all()

@@ -1,0 +1,96 @@
+"""The custom ops: torch.library.opcheck for each, and torch.compile(fullgraph=True) = eager, bitwise."""
+
+import pytest
+import torch
+
+import mok
+from mok import ops
+from mok.bits import assert_bitwise_equal
+from mok.cases import MoEConfig, make_inputs
+
+
+def _req(t):
+    return None if t is None else t.detach().clone().requires_grad_()
+
+
+def _layer_args(S, weight_dtype=torch.bfloat16, x_dtype=torch.bfloat16):
+    inp = make_inputs(MoEConfig(T=12, H=16, I=8, E=4, K=2, S=S), seed=0)
+    ws = [None if inp[n] is None else inp[n].to(weight_dtype) for n in
+          ("shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up", "routed_down")]
+    return [_req(inp["x"].to(x_dtype)), inp["topk_idx"], _req(inp["topk_weight"]), *map(_req, ws)], inp["dy"]
+
+
+@pytest.mark.parametrize("S, weight_dtype, x_dtype, recompute", [
+    (8, torch.bfloat16, torch.bfloat16, False),  # shared expert, bf16 everything, saved intermediates
+    (8, torch.float32, torch.float32, False),    # fp32 master weights and fp32 activations
+    (0, torch.bfloat16, torch.bfloat16, False),  # no shared expert
+    (8, torch.float32, torch.bfloat16, True),    # recompute: only inputs saved
+])
+def test_opcheck_moe(S, weight_dtype, x_dtype, recompute):
+    args, dy = _layer_args(S, weight_dtype, x_dtype)
+    torch.library.opcheck(ops.moe_fwd, (*args, None, "reference", recompute))
+    saved = [t.detach() for t in ops.moe_fwd(*[_detach(a) for a in args], None, "reference", recompute)[1:]]
+    torch.library.opcheck(ops.moe_bwd, (dy, *[_detach(a) for a in args], saved, None, "reference", recompute))
+
+
+def _detach(t):
+    return None if t is None else t.detach()
+
+
+@pytest.mark.parametrize("score, normalize, x_dtype", [
+    ("softmax", True, torch.bfloat16),   # Qwen-style router
+    ("sigmoid", False, torch.float32),   # sigmoid scores, raw weights, fp32 input
+])
+def test_opcheck_router_and_losses(score, normalize, x_dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 16, generator=g).to(x_dtype)
+    w = torch.randn(6, 16, generator=g) * 0.25
+    torch.library.opcheck(ops.router_fwd, (_req(x), _req(w), 3, score, normalize))
+    tw, idx, sc, lg = ops.router_fwd(x, w, 3, score, normalize)
+    torch.library.opcheck(ops.router_bwd, (x, w, lg, idx, torch.randn_like(tw), torch.randn_like(sc),
+                                           torch.randn_like(lg), score, normalize))
+    torch.library.opcheck(ops.router_losses_fwd, (_req(sc), _req(lg), idx, score))
+    one = torch.tensor(1.0)
+    torch.library.opcheck(ops.router_losses_bwd, (one, one, sc, lg, idx, score))
+
+
+def _run(model, x, dy, params_of):
+    x = x.detach().clone().requires_grad_()
+    params_of.zero_grad(set_to_none=True)
+    y, rl = model(x, return_router_losses=True)
+    loss = (y.float() * dy.float()).sum() + 0.01 * rl.load_balance + 0.001 * rl.z
+    loss.backward()
+    return {"y": y, "load_balance": rl.load_balance, "z": rl.z, "d_x": x.grad,
+            **{f"d_{n}": p.grad for n, p in params_of.named_parameters()}}
+
+
+@pytest.mark.parametrize("kw, x_dtype", [
+    (dict(shared_intermediate_size=8), torch.float32),                             # fp32 master weights + activations
+    (dict(score="sigmoid", normalize=False, dtype=torch.bfloat16), torch.bfloat16),  # bf16 params, no shared expert
+    (dict(shared_intermediate_size=8, recompute=True), torch.bfloat16),            # recompute path
+])
+def test_compile_fullgraph_equals_eager_bitwise(kw, x_dtype):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = mok.MoE(16, 8, 4, 2, **kw)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, 16, generator=g).to(x_dtype)
+    dy = torch.randn(3, 5, 16, generator=g)
+    eager = _run(model, x, dy, model)
+    compiled = _run(torch.compile(model, fullgraph=True), x, dy, model)
+    assert eager.keys() == compiled.keys()
+    for name, t in eager.items():
+        assert t is not None, name
+        assert_bitwise_equal(compiled[name], t, name)
+
+
+def test_functional_moe_rejects_unknown_backend():
+    args, _ = _layer_args(0)
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        ops.moe(*args, backend="cuda")
+
+
+def test_weight_dtype_is_checked():
+    args, _ = _layer_args(0, weight_dtype=torch.float16)
+    with pytest.raises(TypeError, match="routed_gate: expected dtype torch.float32 or torch.bfloat16, got torch.float16"):
+        ops.moe(*args)
