@@ -137,13 +137,18 @@ __device__ inline Stride stride_with_ld(int64_t ld) {
   return s;
 }
 
+struct SegmentList {
+  MokSegment s[MOK_MAX_SEGMENTS];
+  int n;
+};
+
 template <class G>
-__global__ void fill_group_args(typename G::Arrays arr, MokSegment s0, MokSegment s1, int n_segs) {
+__global__ void fill_group_args(typename G::Arrays arr, SegmentList segs) {
   int g = blockIdx.x * blockDim.x + threadIdx.x;
-  int total = s0.num_groups + (n_segs > 1 ? s1.num_groups : 0);
-  if (g >= total) return;
-  const MokSegment& s = g < s0.num_groups ? s0 : s1;
-  int e = g < s0.num_groups ? g : g - s0.num_groups;
+  int e = g, j = 0;
+  while (j < segs.n && e >= segs.s[j].num_groups) { e -= segs.s[j].num_groups; ++j; }
+  if (j >= segs.n) return;
+  const MokSegment& s = segs.s[j];
   int64_t off = 0;
   int rows = s.fixed_rows;
   if (s.offsets != nullptr) {
@@ -168,13 +173,19 @@ __global__ void fill_group_args(typename G::Arrays arr, MokSegment s0, MokSegmen
 template <class G>
 int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_bytes, int device,
                 cudaStream_t stream) {
-  if (n_segs < 1 || n_segs > MOK_MAX_SEGMENTS) return set_error("n_segs %d not in [1, 2]", n_segs);
-  int groups = segs[0].num_groups + (n_segs > 1 ? segs[1].num_groups : 0);
+  if (n_segs < 1 || n_segs > MOK_MAX_SEGMENTS)
+    return set_error("n_segs %d not in [1, %d]", n_segs, MOK_MAX_SEGMENTS);
+  SegmentList list{};
+  list.n = n_segs;
+  int groups = 0;
+  for (int j = 0; j < n_segs; ++j) {
+    list.s[j] = segs[j];
+    groups += segs[j].num_groups;
+  }
   size_t need = G::workspace_bytes(groups, device);
   if (ws_bytes < need) return set_error("workspace %zu bytes < %zu needed", ws_bytes, need);
   auto arr = G::carve(workspace, groups);
-  MokSegment s1 = n_segs > 1 ? segs[1] : segs[0];
-  fill_group_args<G><<<(groups + 127) / 128, 128, 0, stream>>>(arr, segs[0], s1, n_segs);
+  fill_group_args<G><<<(groups + 127) / 128, 128, 0, stream>>>(arr, list);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return set_error("fill_group_args: %s", cudaGetErrorString(err));
   auto args = G::make_args(arr, groups, device);

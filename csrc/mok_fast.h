@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#define MOK_MAX_SEGMENTS 2
+#define MOK_MAX_SEGMENTS 4
 
 // One operand of a grouped GEMM. For group g (expert e = g - expert_base, or the shared expert):
 //   pointer = base + e * expert_stride + row_offset(e) * row_stride   (in elements)
@@ -51,13 +51,16 @@ int mok_grouped_gemm(int kind, const MokSegment* segs, int n_segs, void* workspa
                      size_t workspace_bytes, int device, cudaStream_t stream);
 const char* mok_last_error();
 
-// Routing schedule (csrc/schedule.cu). topk_idx [T,K] int64 global ids, experts [e0, e0+L).
-// counts/offsets: int32 [L+1] (offsets exclusive scan, offsets[L] = rows placed);
-// row_pair [capacity] int32: pair index t*K+k of each row; pair_row [T*K] int32: row of each pair
-// (-1 if the pair's expert is not local); flag int32 [1]: set nonzero when an id is out of
-// [0, E), repeated within a row, or rows exceed capacity.
+// Routing schedule (csrc/schedule.cu). topk_idx [T,K] int64 global ids, local experts [e0, e0+L).
+// offsets: int32 [2L+1]: [0, L] first row of each expert clamped to capacity (offsets[L] = rows
+// placed), [L+1, 2L] rows per expert; row_pair [capacity] int32: pair index t*K+k of each row;
+// pair_row [T*K] int32: row of each pair (-1 if its expert is not local or it did not fit);
+// flag int32 [1]: nonzero when an id is out of [0, E) (bit 1), repeated within a row (bit 2), or
+// rows exceed capacity (bit 4); scratch: mok_schedule_scratch_ints(T, K, L) int32.
+size_t mok_schedule_scratch_ints(int T, int K, int L);
 int mok_schedule(const int64_t* topk_idx, int T, int K, int E, int e0, int L, int capacity,
-                 int* offsets, int* row_pair, int* pair_row, int* flag, cudaStream_t stream);
+                 int* offsets, int* row_pair, int* pair_row, int* flag, int* scratch,
+                 cudaStream_t stream);
 
 // Elementwise / gather / combine kernels (csrc/elementwise.cu); all bf16 = uint16 storage.
 int mok_gather_rows(const void* x_TH, const int* row_pair, const int* offsets, int L, int K, int H,

@@ -103,23 +103,27 @@ def build_with_torch(verbose: bool = False) -> str:
 
 
 def build_standalone(out: str, jobs: int = 2) -> str:
-    """Build the library with nvcc alone (no torch headers) into `out`; returns `out`."""
+    """Build the library with nvcc alone (no torch headers) into `out`, reusing object files newer
+    than every csrc/ file; returns `out`. Used to build on a CPU machine and carry the library."""
+    from concurrent.futures import ThreadPoolExecutor
+
     nvcc = find_nvcc()
     objdir = Path(out).parent / (Path(out).stem + "_obj")
     objdir.mkdir(parents=True, exist_ok=True)
-    procs, objs = [], []
-    for src in sources():
+    newest_src = max(p.stat().st_mtime for p in CSRC.iterdir())
+    flags = compile_flags()
+
+    def compile_one(src: str) -> str:
         obj = objdir / (Path(src).stem + ".o")
-        objs.append(str(obj))
-        if obj.exists() and obj.stat().st_mtime > max(Path(s).stat().st_mtime for s in glob.glob(str(CSRC / "*"))):
-            continue
-        cmd = [nvcc, *compile_flags(), "-Xcompiler", "-fPIC", "-c", src, "-o", str(obj)]
-        procs.append(subprocess.Popen(cmd))
-        while len([p for p in procs if p.poll() is None]) >= jobs:
-            procs[0].wait() if procs[0].poll() is None else procs.pop(0)
-    for p in procs:
-        if p.wait() != 0:
-            raise RuntimeError(f"nvcc failed: {p.args}")
+        if not (obj.exists() and obj.stat().st_mtime > newest_src):
+            r = subprocess.run([nvcc, *flags, "-Xcompiler", "-fPIC", "-c", src, "-o", str(obj)],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"nvcc failed on {src}:\n{r.stderr[-4000:]}")
+        return str(obj)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        objs = list(ex.map(compile_one, sources()))
     subprocess.check_call([nvcc, *ARCH_FLAGS, "-shared", "-cudart", "static", *objs, "-o", out])
     return out
 

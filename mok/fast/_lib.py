@@ -89,7 +89,9 @@ def _setup(lib: ctypes.CDLL) -> None:
     i64 = ctypes.c_int64
     vp = ctypes.c_void_p
     ci = ctypes.c_int
-    lib.mok_schedule.argtypes = [vp, ci, ci, ci, ci, ci, ci, vp, vp, vp, vp, vp]
+    lib.mok_schedule.argtypes = [vp, ci, ci, ci, ci, ci, ci, vp, vp, vp, vp, vp, vp]
+    lib.mok_schedule_scratch_ints.restype = ctypes.c_size_t
+    lib.mok_schedule_scratch_ints.argtypes = [ci, ci, ci]
     lib.mok_gather_rows.argtypes = [vp, vp, vp, ci, ci, ci, ci, vp, vp]
     lib.mok_swiglu_fwd.argtypes = [vp, i64, vp, ci, ci, ci, vp, vp]
     lib.mok_combine_fwd.argtypes = [vp, vp, vp, vp, vp, ci, ci, ci, vp, vp]
@@ -122,16 +124,17 @@ def grouped_gemm(kind: int, segments: list[Segment], device: torch.device) -> No
     ws = torch.empty(_WS_BYTES[key], dtype=torch.uint8, device=device)
     arr = (MokSegment * len(segments))(*[s.c() for s in segments])
     _check(L.mok_grouped_gemm(kind, arr, len(segments), _p(ws), ws.numel(), dev, _stream(device)), "grouped_gemm")
-    # keep the workspace alive until the launch has consumed it (stream-ordered allocator)
-    ws.record_stream(torch.cuda.current_stream(device))
 
 
 def schedule(topk_idx: torch.Tensor, E: int, e0: int, L_: int, capacity: int, offsets: torch.Tensor,
              row_pair: torch.Tensor, pair_row: torch.Tensor, flag: torch.Tensor) -> None:
     """Fill offsets (int32 [2L+1]), row_pair (int32 [capacity]), pair_row (int32 [T*K]), flag (int32 [1])."""
     T, K = topk_idx.shape
-    _check(lib().mok_schedule(_p(topk_idx), T, K, E, e0, L_, capacity, _p(offsets), _p(row_pair),
-                              _p(pair_row), _p(flag), _stream(topk_idx.device)), "schedule")
+    handle = lib()
+    scratch = torch.empty(int(handle.mok_schedule_scratch_ints(T, K, L_)), dtype=torch.int32,
+                          device=topk_idx.device)
+    _check(handle.mok_schedule(_p(topk_idx), T, K, E, e0, L_, capacity, _p(offsets), _p(row_pair),
+                               _p(pair_row), _p(flag), _p(scratch), _stream(topk_idx.device)), "schedule")
 
 
 def gather_rows(x_TH, row_pair, offsets, L_, K, capacity, x_RH) -> None:

@@ -1,0 +1,203 @@
+"""Benchmark mok.fast against the grouped_mm path and the naive loop (shared/bench/BENCHMARKS.md).
+
+For each config of shared/bench/configs.json (and the skewed routing case) it checks every method's
+output y and d_x against an fp32 plain implementation, then times forward and forward+backward with
+CUDA events (median of --reps after --warmup), and prints ms, TFLOP/s, ratio to mok, the fraction of
+the bf16 peak measured in the same run (8192^3 matmul) and peak GPU memory.
+
+Usage: python benchmarks/bench_moe.py [--configs a,b] [--routings random,skewed] [--methods mok,grouped_mm,naive]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import mok.fast  # noqa: E402
+from baselines import grouped_mm_path, naive_loop  # noqa: E402
+from mok.bits import rel_error  # noqa: E402
+from mok.cases import MoEConfig, make_routing  # noqa: E402
+from mok.reference.plain import moe_plain  # noqa: E402
+
+CONFIGS = ROOT / "benchmarks" / "configs.json"  # a copy of shared/bench/configs.json
+ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up",
+        "routed_down")
+WEIGHTS = ("shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up", "routed_down")
+
+
+def load_configs(path: Path) -> list[dict]:
+    for p in (path, ROOT / "shared" / "bench" / "configs.json", ROOT.parent / "shared" / "bench" / "configs.json"):
+        if p.exists():
+            return json.loads(p.read_text())["configs"]
+    raise FileNotFoundError(f"configs.json not found at {path}")
+
+
+def make_bench_inputs(c: dict, routing: str, seed: int = 1) -> dict:
+    """Routing as configs.json says (mok.cases.make_routing on the CPU); the rest drawn on the GPU."""
+    cfg = MoEConfig(c["T"], c["H"], c["I"], c["E"], c["K"], c["S"])
+    idx, w = make_routing(cfg, torch.Generator().manual_seed(seed), routing)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T, H, I, E, S = cfg.T, cfg.H, cfg.I, cfg.E, cfg.S
+
+    def rnd(*shape, fan_in=1):
+        return (torch.randn(*shape, generator=g, device="cuda") * fan_in**-0.5).to(torch.bfloat16)
+
+    return {"x": rnd(T, H), "topk_idx": idx.cuda(), "topk_weight": w.cuda(),
+            "shared_gate": rnd(S, H, fan_in=H) if S else None, "shared_up": rnd(S, H, fan_in=H) if S else None,
+            "shared_down": rnd(H, S, fan_in=S) if S else None, "routed_gate": rnd(E, I, H, fan_in=H),
+            "routed_up": rnd(E, I, H, fan_in=H), "routed_down": rnd(E, H, I, fan_in=I), "dy": rnd(T, H)}
+
+
+def timed(fn, warmup: int, reps: int) -> float:
+    """Median ms of `fn` over `reps` CUDA-event timings after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def bf16_peak_tflops() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = timed(lambda: a @ b, 3, 10)
+    return 2 * 8192**3 / ms / 1e9
+
+
+class Method:
+    """fwd() -> y; fwd_bwd() -> (y, d_x) for one implementation on fixed inputs."""
+
+    def __init__(self, name: str, inp: dict):
+        self.name, self.inp = name, inp
+        if name != "mok":
+            self.leaves = {k: (v.detach().clone().requires_grad_(True) if v is not None and v.is_floating_point()
+                               else v) for k, v in inp.items() if k in ARGS}
+            self.fn = grouped_mm_path if name == "grouped_mm" else naive_loop
+
+    def fwd(self):
+        if self.name == "mok":
+            return mok.fast.forward(*(self.inp[a] for a in ARGS))[0]
+        with torch.no_grad():
+            return self.fn(*(self.leaves[a] for a in ARGS))
+
+    def fwd_bwd(self):
+        if self.name == "mok":
+            y, ctx = mok.fast.forward(*(self.inp[a] for a in ARGS))
+            grads = mok.fast.backward(ctx, self.inp["dy"])
+            return y, grads[0]
+        for v in self.leaves.values():
+            if isinstance(v, torch.Tensor) and v.requires_grad:
+                v.grad = None
+        y = self.fn(*(self.leaves[a] for a in ARGS))
+        y.backward(self.inp["dy"])
+        return y, self.leaves["x"].grad
+
+
+def oracle(inp: dict):
+    """fp32 plain implementation (per-expert matmuls, TF32 off): y and d_x."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    leaves = {k: (v.detach().clone().requires_grad_(k == "x") if isinstance(v, torch.Tensor) and v.is_floating_point()
+                  else v) for k, v in inp.items() if k in ARGS}
+    y = moe_plain(*(leaves[a] for a in ARGS), dtype=torch.float32)
+    y.backward(inp["dy"].float())
+    return y.detach(), leaves["x"].grad
+
+
+def git_rev() -> str:
+    """Short commit (MOK_COMMIT wins, for copies of the tree without .git), '+uncommitted changes' if dirty."""
+    import os
+    if os.environ.get("MOK_COMMIT"):
+        return os.environ["MOK_COMMIT"]
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "mok/fast", "benchmarks"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return (rev.stdout.strip() or "uncommitted") + ("+uncommitted changes" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="")
+    ap.add_argument("--routings", default="random,skewed")
+    ap.add_argument("--skewed-configs", default="qwen3-30b-a3b", help="configs also run with skewed routing")
+    ap.add_argument("--methods", default="mok,grouped_mm,naive")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    configs = load_configs(CONFIGS)
+    if a.configs:
+        configs = [c for c in configs if c["name"] in a.configs.split(",")]
+    methods = a.methods.split(",")
+    peak = bf16_peak_tflops()
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, commit {git_rev()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"bf16 peak (8192^3 matmul, median of 10): {peak:.0f} TFLOP/s")
+    rows = []
+    for c in configs:
+        for routing in a.routings.split(","):
+            if routing == "skewed" and c["name"] not in a.skewed_configs.split(","):
+                continue
+            inp = make_bench_inputs(c, routing)
+            fwd_flops = 6 * c["H"] * (c["T"] * c["K"] * c["I"] + c["T"] * c["S"])
+            y_ref, dx_ref = oracle(inp)
+            torch.cuda.empty_cache()
+            for m in methods:
+                meth = Method(m, inp)
+                y, dx = meth.fwd_bwd()
+                ey, edx = rel_error(y, y_ref), rel_error(dx, dx_ref)
+                ok = ey < 2e-2 and edx < 2e-2
+                del y, dx
+                if not ok:
+                    print(f"CHECK FAILED {c['name']} {routing} {m}: y err {ey:.2e}, d_x err {edx:.2e}")
+                    continue
+                reps = a.reps
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                t_f = timed(meth.fwd, a.warmup, reps)
+                t_fb = timed(meth.fwd_bwd, a.warmup, reps)
+                mem = torch.cuda.max_memory_allocated() / 2**30
+                rows.append(dict(config=c["name"], routing=routing, method=m, fwd_ms=t_f, fb_ms=t_fb,
+                                 fwd_tflops=fwd_flops / t_f / 1e9, fb_tflops=3 * fwd_flops / t_fb / 1e9,
+                                 peak_gib=mem, err_y=ey, err_dx=edx))
+                print(f"  {c['name']:16s} {routing:7s} {m:10s} fwd {t_f:8.2f} ms  fwd+bwd {t_fb:8.2f} ms  "
+                      f"y err {ey:.1e} dx err {edx:.1e}  peak {mem:.1f} GiB", flush=True)
+                del meth
+                torch.cuda.empty_cache()
+            del inp
+            torch.cuda.empty_cache()
+    print()
+    print(f"| config | routing | method | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | % of peak ({peak:.0f}) "
+          f"| time ratio mok/this (fwd / fwd+bwd) | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        mk = next((q for q in rows if q["config"] == r["config"] and q["routing"] == r["routing"]
+                   and q["method"] == "mok"), None)
+        sp = f"{mk['fwd_ms'] / r['fwd_ms']:.2f} / {mk['fb_ms'] / r['fb_ms']:.2f}" if mk else "-"
+        print(f"| {r['config']} | {r['routing']} | {r['method']} | {r['fwd_ms']:.2f} | {r['fb_ms']:.2f} | "
+              f"{r['fb_tflops']:.0f} | {100 * r['fb_tflops'] / peak:.0f}% | {sp} | {r['peak_gib']:.1f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps(dict(peak_tflops=peak, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+// Memory-bound kernels of the fast path: row gather, SwiGLU forward/backward, the forward
+// combine, the backward pre-combine (d_topk_weight and go), the d_x combine, and the helpers that
+// zero weight gradients of empty experts or poison outputs when the routing flag is set.
+// Every reduction has a fixed order; products and sums are separate fp32 roundings where the
+// contract (SPEC §2) fixes them. bf16 values are stored as raw 16-bit words.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "mok_fast.h"
+#include "mok_status.h"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// Threads for a per-token kernel: one 8-element vector per thread when H <= 8192.
+inline int token_threads(int H) {
+  int t = ((H / 8 + 31) / 32) * 32;
+  return t < 64 ? 64 : (t > 1024 ? 1024 : t);
+}
+
+__device__ __forceinline__ float nanf_() { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ float silu_(float g) { return g / (1.0f + expf(-g)); }
+
+// 8 bf16 in a 16-byte vector.
+union Vec8 {
+  uint4 u;
+  bf16 h[8];
+};
+
+// x_RH[r] = x_TH[row_pair[r] / K] for r < offsets[L]; one block per row.
+__global__ void gather_rows_k(const uint4* x, const int* row_pair, const int* offsets, int L, int K,
+                              int H8, uint4* out) {
+  int r = blockIdx.x;
+  if (r >= offsets[L]) return;
+  int t = row_pair[r] / K;
+  const uint4* src = x + (int64_t)t * H8;
+  uint4* dst = out + (int64_t)r * H8;
+  for (int i = threadIdx.x; i < H8; i += blockDim.x) dst[i] = src[i];
+}
+
+// a[r, i] = bf16(silu(g) * u), g = gu[r, i], u = gu[r, I + i] (fp32, row stride ld); 4 per thread.
+__global__ void swiglu_fwd_k(const float* gu, int64_t ld, const int* n_rows_dev, int fixed_rows,
+                             int I, bf16* a) {
+  int r = blockIdx.x;
+  int n = n_rows_dev ? *n_rows_dev : fixed_rows;
+  if (r >= n) return;
+  const float* row = gu + (int64_t)r * ld;
+  for (int i = 4 * threadIdx.x; i < I; i += 4 * blockDim.x) {
+    float4 g = *reinterpret_cast<const float4*>(row + i);
+    float4 u = *reinterpret_cast<const float4*>(row + I + i);
+    __nv_bfloat162 lo = __floats2bfloat162_rn(__fmul_rn(silu_(g.x), u.x), __fmul_rn(silu_(g.y), u.y));
+    __nv_bfloat162 hi = __floats2bfloat162_rn(__fmul_rn(silu_(g.z), u.z), __fmul_rn(silu_(g.w), u.w));
+    uint2 v;
+    v.x = *reinterpret_cast<unsigned*>(&lo);
+    v.y = *reinterpret_cast<unsigned*>(&hi);
+    *reinterpret_cast<uint2*>(a + (int64_t)r * I + i) = v;
+  }
+}
+
+// y[t] = bf16(((s + w0*o0) + w1*o1) + ...), fp32, shared first then k ascending; 8 h per thread.
+// Dynamic shared memory: K ints (rows) + K floats (weights).
+__global__ void combine_fwd_k(const bf16* s, const bf16* o, const float* w, const int* pair_row,
+                              const int* flag, int K, int H, bf16* y) {
+  extern __shared__ int smem[];
+  int* rows = smem;
+  float* ws = reinterpret_cast<float*>(smem + K);
+  const int t = blockIdx.x;
+  bool bad = *flag != 0;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) {
+    rows[k] = pair_row[(int64_t)t * K + k];
+    ws[k] = w[(int64_t)t * K + k];
+  }
+  __syncthreads();
+  for (int k = 0; k < K; ++k) bad |= rows[k] < 0;
+  for (int h = 8 * threadIdx.x; h < H; h += 8 * blockDim.x) {
+    float acc[8];
+    Vec8 v;
+    if (s) v.u = *reinterpret_cast<const uint4*>(s + (int64_t)t * H + h);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = s ? __bfloat162float(v.h[j]) : 0.0f;
+    for (int k = 0; k < K; ++k) {
+      const int r = rows[k];
+      if (r < 0) continue;
+      Vec8 ov;
+      ov.u = *reinterpret_cast<const uint4*>(o + (int64_t)r * H + h);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(ws[k], __bfloat162float(ov.h[j])));
+    }
+    Vec8 out;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out.h[j] = __float2bfloat16_rn(bad ? nanf_() : acc[j]);
+    *reinterpret_cast<uint4*>(y + (int64_t)t * H + h) = out.u;
+  }
+}
+
+// d_w[t,k] = sum_h dy[t,h] * o_k[h] and go[row(t,k)] = bf16(w[t,k] * dy[t]); 8 h per thread.
+// Fixed reduction order: each thread sums its h in increasing order, then a butterfly over the
+// warp's lanes, then the warps' sums in warp order. All K slots are reduced together (kChunk at
+// a time), so a token costs two barriers per chunk, not a tree per slot.
+template <int kChunk>
+__global__ void combine_bwd_pre_k(const bf16* dy, const bf16* o, const float* w,
+                                  const int* pair_row, const int* flag, int K, int H, float* d_w,
+                                  bf16* go) {
+  __shared__ float warp_sum[32][kChunk];
+  const int kThreads = blockDim.x, kWarps = blockDim.x / 32;
+  const int t = blockIdx.x;
+  const bool bad = *flag != 0;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int k0 = 0; k0 < K; k0 += kChunk) {
+    const int kn = min(kChunk, K - k0);
+    float acc[kChunk];
+    int rows[kChunk];
+    float wk[kChunk];
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      acc[j] = 0.0f;
+      rows[j] = j < kn ? pair_row[(int64_t)t * K + k0 + j] : -1;
+      wk[j] = j < kn ? w[(int64_t)t * K + k0 + j] : 0.0f;
+    }
+    for (int h = 8 * threadIdx.x; h < H; h += 8 * kThreads) {
+      Vec8 d;
+      d.u = *reinterpret_cast<const uint4*>(dy + (int64_t)t * H + h);
+      float df[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) df[i] = __bfloat162float(d.h[i]);
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        if (rows[j] < 0) continue;
+        Vec8 ov, g;
+        ov.u = *reinterpret_cast<const uint4*>(o + (int64_t)rows[j] * H + h);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          acc[j] = __fadd_rn(acc[j], __fmul_rn(df[i], __bfloat162float(ov.h[i])));
+          g.h[i] = __float2bfloat16_rn(bad ? nanf_() : __fmul_rn(wk[j], df[i]));
+        }
+        *reinterpret_cast<uint4*>(go + (int64_t)rows[j] * H + h) = g.u;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      float v = acc[j];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+      if (lane == 0) warp_sum[warp][j] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < kn) {
+      float v = 0.0f;
+      for (int wi = 0; wi < kWarps; ++wi) v = __fadd_rn(v, warp_sum[wi][threadIdx.x]);
+      const bool missing = pair_row[(int64_t)t * K + k0 + threadIdx.x] < 0;
+      d_w[(int64_t)t * K + k0 + threadIdx.x] = (bad || missing) ? nanf_() : v;
+    }
+    __syncthreads();
+  }
+}
+
+// dg = bf16(da * u * silu'(g)), du = bf16(da * silu(g)); dgu[r] = [dg | du] (row stride 2I).
+__global__ void swiglu_bwd_k(const float* da, const float* gu, int64_t ld, const int* n_rows_dev,
+                             int fixed_rows, int I, bf16* dgu) {
+  int r = blockIdx.x;
+  int n = n_rows_dev ? *n_rows_dev : fixed_rows;
+  if (r >= n) return;
+  const float* row = gu + (int64_t)r * ld;
+  for (int i = 4 * threadIdx.x; i < I; i += 4 * blockDim.x) {
+    float4 g4 = *reinterpret_cast<const float4*>(row + i);
+    float4 u4 = *reinterpret_cast<const float4*>(row + I + i);
+    float4 d4 = *reinterpret_cast<const float4*>(da + (int64_t)r * I + i);
+    float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w}, d[4] = {d4.x, d4.y, d4.z, d4.w};
+    bf16 dg[4], du[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float sig = 1.0f / (1.0f + expf(-g[j]));
+      float sl = g[j] * sig;
+      float dsilu = sig * (1.0f + g[j] * (1.0f - sig));
+      dg[j] = __float2bfloat16_rn(d[j] * u[j] * dsilu);
+      du[j] = __float2bfloat16_rn(d[j] * sl);
+    }
+    *reinterpret_cast<uint2*>(dgu + (int64_t)r * 2 * I + i) = *reinterpret_cast<uint2*>(dg);
+    *reinterpret_cast<uint2*>(dgu + (int64_t)r * 2 * I + I + i) = *reinterpret_cast<uint2*>(du);
+  }
+}
+
+// d_x[t] = bf16(((dxs + dx_0) + dx_1) + ...), fp32, shared first then k ascending; 8 h per thread.
+__global__ void combine_bwd_dx_k(const bf16* dxs, const bf16* dx, const int* pair_row,
+                                 const int* flag, int K, int H, bf16* out) {
+  const int t = blockIdx.x;
+  bool bad = *flag != 0;
+  for (int h = 8 * threadIdx.x; h < H; h += 8 * blockDim.x) {
+    float acc[8];
+    Vec8 v;
+    if (dxs) v.u = *reinterpret_cast<const uint4*>(dxs + (int64_t)t * H + h);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = dxs ? __bfloat162float(v.h[j]) : 0.0f;
+    for (int k = 0; k < K; ++k) {
+      int r = pair_row[(int64_t)t * K + k];
+      if (r < 0) { bad = true; continue; }
+      Vec8 xv;
+      xv.u = *reinterpret_cast<const uint4*>(dx + (int64_t)r * H + h);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __bfloat162float(xv.h[j]));
+    }
+    Vec8 o8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o8.h[j] = __float2bfloat16_rn(bad ? nanf_() : acc[j]);
+    *reinterpret_cast<uint4*>(out + (int64_t)t * H + h) = o8.u;
+  }
+}
+
+__global__ void zero_empty_k(float* d, const int* offsets, int64_t per_expert) {
+  int e = blockIdx.y;
+  if (offsets[e + 1] != offsets[e]) return;
+  float* p = d + e * per_expert;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < per_expert;
+       i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = 0.0f;
+}
+
+__global__ void poison_k(void* p, int64_t n, int is_bf16, const int* flag) {
+  if (*flag == 0) return;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    if (is_bf16) static_cast<bf16*>(p)[i] = __float2bfloat16_rn(nanf_());
+    else static_cast<float*>(p)[i] = nanf_();
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int mok_gather_rows(const void* x_TH, const int* row_pair, const int* offsets, int L, int K, int H,
+                    int capacity, void* x_RH, cudaStream_t stream) {
+  if (H % 8) return mok::set_error("gather_rows: H=%d not a multiple of 8", H);
+  if (capacity == 0) return 0;
+  gather_rows_k<<<capacity, 128, 0, stream>>>(static_cast<const uint4*>(x_TH), row_pair, offsets,
+                                              L, K, H / 8, static_cast<uint4*>(x_RH));
+  MOK_CHECK_LAUNCH("gather_rows");
+  return 0;
+}
+
+int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* n_rows_dev, int fixed_rows, int I,
+                   int capacity, void* a, cudaStream_t stream) {
+  if (capacity == 0) return 0;
+  swiglu_fwd_k<<<capacity, 256, 0, stream>>>(gu, ld_gu, n_rows_dev, fixed_rows, I,
+                                             static_cast<bf16*>(a));
+  MOK_CHECK_LAUNCH("swiglu_fwd");
+  return 0;
+}
+
+int mok_combine_fwd(const void* s_TH, const void* o_RH, const float* w_TK, const int* pair_row,
+                    const int* flag, int T, int K, int H, void* y_TH, cudaStream_t stream) {
+  if (T == 0) return 0;
+  combine_fwd_k<<<T, token_threads(H), (size_t)K * 8, stream>>>(static_cast<const bf16*>(s_TH), static_cast<const bf16*>(o_RH),
+                                       w_TK, pair_row, flag, K, H, static_cast<bf16*>(y_TH));
+  MOK_CHECK_LAUNCH("combine_fwd");
+  return 0;
+}
+
+int mok_combine_bwd_pre(const void* dy_TH, const void* o_RH, const float* w_TK,
+                        const int* pair_row, const int* flag, int T, int K, int H, float* d_w_TK,
+                        void* go_RH, cudaStream_t stream) {
+  if (T == 0) return 0;
+  combine_bwd_pre_k<8><<<T, token_threads(H), 0, stream>>>(static_cast<const bf16*>(dy_TH),
+                                                static_cast<const bf16*>(o_RH), w_TK, pair_row,
+                                                flag, K, H, d_w_TK, static_cast<bf16*>(go_RH));
+  MOK_CHECK_LAUNCH("combine_bwd_pre");
+  return 0;
+}
+
+int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* n_rows_dev,
+                   int fixed_rows, int I, int capacity, void* dgu, cudaStream_t stream) {
+  if (capacity == 0) return 0;
+  swiglu_bwd_k<<<capacity, 256, 0, stream>>>(da, gu, ld_gu, n_rows_dev, fixed_rows, I,
+                                             static_cast<bf16*>(dgu));
+  MOK_CHECK_LAUNCH("swiglu_bwd");
+  return 0;
+}
+
+int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_row,
+                       const int* flag, int T, int K, int H, void* dx_TH, cudaStream_t stream) {
+  if (T == 0) return 0;
+  combine_bwd_dx_k<<<T, token_threads(H), 0, stream>>>(static_cast<const bf16*>(dxs_TH),
+                                          static_cast<const bf16*>(dx_RH), pair_row, flag, K, H,
+                                          static_cast<bf16*>(dx_TH));
+  MOK_CHECK_LAUNCH("combine_bwd_dx");
+  return 0;
+}
+
+int mok_zero_empty(float* d, const int* offsets, int L, int64_t per_expert, const int* flag,
+                   cudaStream_t stream) {
+  (void)flag;
+  dim3 grid(64, L);
+  zero_empty_k<<<grid, 256, 0, stream>>>(d, offsets, per_expert);
+  MOK_CHECK_LAUNCH("zero_empty");
+  return 0;
+}
+
+int mok_poison(void* p, int64_t n, int is_bf16, const int* flag, cudaStream_t stream) {
+  if (n == 0) return 0;
+  poison_k<<<264, 256, 0, stream>>>(p, n, is_bf16, flag);
+  MOK_CHECK_LAUNCH("poison");
+  return 0;
+}
+
+}  // extern "C"

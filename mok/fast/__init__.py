@@ -1,0 +1,54 @@
+"""Hopper (sm_90a) fast path of the MoE layer: same signature, return order and properties as
+`mok.reference` (SPEC §2, §4), built from CUTLASS grouped GEMMs and small deterministic kernels.
+
+One GPU (W = 1). See docs/fast_path.md for the pipeline, the bad-id policy (NaN outputs) and the
+expert-parallel plan.
+"""
+from __future__ import annotations
+
+from ._backward import run_backward
+from ._build import FastPathUnavailable
+from ._checks import check_dy, check_group, check_inputs
+from ._forward import FastContext, run_forward
+
+__all__ = ["forward", "backward", "FastContext", "FastPathUnavailable"]
+
+
+def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
+            routed_down, *, group=None):
+    """MoE forward on one Hopper GPU.
+
+    Args:
+        x: [T, H] bf16, CUDA, contiguous; H a multiple of 8.
+        topk_idx: [T, K] int64 expert ids in [0, E), distinct per row (checked on the device:
+            a bad id makes every output NaN, see docs/fast_path.md).
+        topk_weight: [T, K] fp32, used as given.
+        shared_gate, shared_up: [S, H] bf16 or None; shared_down: [H, S] bf16 or None (S % 8 == 0).
+        routed_gate, routed_up: [E, I, H] bf16; routed_down: [E, H, I] bf16 (I % 8 == 0).
+        group: None or a process group of size 1 (expert parallelism is not implemented yet).
+    Returns:
+        (y [T, H] bf16, ctx for `backward`).
+    """
+    check_group(group)
+    dims = check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
+                        routed_up, routed_down)
+    return run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
+                       routed_up, routed_down, dims)
+
+
+def backward(ctx: FastContext, dy):
+    """MoE backward.
+
+    Args:
+        ctx: the context returned by `forward`.
+        dy: [T, H] bf16, contiguous, on the forward's device.
+    Returns:
+        (d_x [T,H] bf16, d_topk_weight [T,K] fp32, d_routed_gate [E,I,H] fp32, d_routed_up [E,I,H] fp32,
+         d_routed_down [E,H,I] fp32, d_shared_gate [S,H] fp32 | None, d_shared_up [S,H] fp32 | None,
+         d_shared_down [H,S] fp32 | None)
+    """
+    if not isinstance(ctx, FastContext):
+        raise ValueError(f"mok.fast: argument 'ctx': expected the FastContext from mok.fast.forward, "
+                         f"got {type(ctx).__name__}")
+    check_dy(dy, ctx.T, ctx.H, ctx.x_TH.device)
+    return run_backward(ctx, dy)

@@ -1,0 +1,104 @@
+"""Bad input to mok.fast: exceptions naming the argument for what the host can check cheaply; for
+expert ids (checked on the device, no sync) every output is NaN and nothing outside the outputs is
+written; a row capacity too small for the routed rows gives NaN, never a silent wrong result."""
+import pytest
+import torch
+
+import mok.fast
+from mok.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.fast._checks import check_inputs
+from mok.fast._forward import run_forward
+from mok.runner import run_layer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
+
+CFG = MoEConfig(T=64, H=64, I=32, E=8, K=2, S=16)
+
+
+@pytest.fixture()
+def inputs():
+    return make_inputs(CFG, seed=5, device="cuda")
+
+
+def _args(inputs, **override):
+    d = dict(inputs)
+    d.update(override)
+    return [d[a] for a in LAYER_ARGS]
+
+
+@pytest.mark.parametrize("name,bad,match", [
+    ("x", lambda i: i["x"].float(), "'x'.*dtype"),
+    ("x", lambda i: i["x"][:, :-8].contiguous(), "'topk_idx'|'routed_gate'|'x'"),
+    ("topk_idx", lambda i: i["topk_idx"].int(), "'topk_idx'.*dtype"),
+    ("topk_weight", lambda i: i["topk_weight"].half(), "'topk_weight'.*dtype"),
+    ("routed_up", lambda i: i["routed_up"][:, :-8].contiguous(), "'routed_up'.*shape"),
+    ("routed_down", lambda i: i["routed_down"].transpose(1, 2), "'routed_down'"),
+    ("shared_up", lambda i: None, "shared"),
+    ("x", lambda i: i["x"].cpu(), "'x'.*CUDA"),
+    ("topk_weight", lambda i: i["topk_weight"].t().contiguous().t(), "'topk_weight'"),
+])
+def test_bad_argument_raises_naming_it(inputs, name, bad, match):
+    with pytest.raises(ValueError, match=match):
+        mok.fast.forward(*_args(inputs, **{name: bad(inputs)}))
+
+
+def test_bad_dy_raises(inputs):
+    _, ctx = mok.fast.forward(*_args(inputs))
+    with pytest.raises(ValueError, match="'dy'.*dtype"):
+        mok.fast.backward(ctx, inputs["dy"].float())
+    with pytest.raises(ValueError, match="'dy'.*shape"):
+        mok.fast.backward(ctx, inputs["dy"][:-1].contiguous())
+    with pytest.raises(ValueError, match="'ctx'"):
+        mok.fast.backward(object(), inputs["dy"])
+
+
+def test_group_larger_than_one_raises(inputs, monkeypatch):
+    import torch.distributed as dist
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    with pytest.raises(NotImplementedError, match="group"):
+        mok.fast.forward(*_args(inputs), group=object())
+
+
+def test_wrong_arch_raises(inputs, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(RuntimeError, match="9.0"):
+        mok.fast.forward(*_args(inputs))
+
+
+def _all_nan(out: dict) -> None:
+    for k in OUTPUT_NAMES:
+        if out[k] is not None:
+            assert torch.isnan(out[k]).all(), f"{k}: expected all NaN, {int((~torch.isnan(out[k])).sum())} finite"
+
+
+@pytest.mark.parametrize("bad_id", ["too_large", "negative", "huge", "duplicate"])
+def test_bad_expert_ids_give_nan_and_no_corruption(inputs, bad_id):
+    idx = inputs["topk_idx"].clone()
+    if bad_id == "too_large":
+        idx[5, 1] = CFG.E
+    elif bad_id == "negative":
+        idx[0, 0] = -1
+    elif bad_id == "huge":
+        idx[63, 1] = 2**40
+    else:
+        idx[9, 1] = idx[9, 0]
+    canary = torch.full((1 << 20,), 3.0, device="cuda")
+    bad = dict(inputs, topk_idx=idx)
+    out = run_layer(bad, impl=mok.fast)
+    torch.cuda.synchronize()
+    _all_nan(out)
+    assert bool((canary == 3.0).all()), "memory outside the outputs was written"
+    # a good call afterwards is unaffected
+    good = run_layer(inputs, impl=mok.fast)
+    for k in OUTPUT_NAMES:
+        if good[k] is not None:
+            assert torch.isfinite(good[k]).all(), k
+
+
+def test_rows_beyond_capacity_give_nan(inputs):
+    args = _args(inputs)
+    dims = check_inputs(*args)
+    T, K = CFG.T, CFG.K
+    y, ctx = run_forward(*args, dims, capacity=T * K - 5)
+    grads = mok.fast.backward(ctx, inputs["dy"])
+    _all_nan(dict(zip(OUTPUT_NAMES, (y, *grads))))

@@ -1,0 +1,122 @@
+"""Bitwise properties of mok.fast (SPEC §4): reruns, CUDA-graph replay, other streams, batch
+invariance. Comparisons are on raw bits (mok.bits.assert_bitwise_equal)."""
+import pytest
+import torch
+
+import mok.fast
+from mok.bits import assert_bitwise_equal
+from mok.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.runner import run_layer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
+
+CFG = MoEConfig(T=512, H=256, I=128, E=16, K=4, S=64)
+
+
+def _bits(t):
+    return None if t is None else t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all((a[k] is None and b[k] is None) or torch.equal(_bits(a[k]), _bits(b[k])) for k in a)
+
+
+def _assert_same(got: dict, want: dict, label: str) -> None:
+    for k in want:
+        if want[k] is not None:
+            assert_bitwise_equal(got[k], want[k], f"{label}: {k}")
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return make_inputs(CFG, seed=3, routing="skewed", device="cuda")
+
+
+def test_forward_1000_reruns(inputs):
+    args = [inputs[a] for a in LAYER_ARGS]
+    y0, _ = mok.fast.forward(*args)
+    for i in range(1000):
+        y, _ = mok.fast.forward(*args)
+        if not torch.equal(_bits(y), _bits(y0)):
+            assert_bitwise_equal(y, y0, f"forward rerun {i}")
+
+
+def test_backward_1000_reruns(inputs):
+    args = [inputs[a] for a in LAYER_ARGS]
+    _, ctx = mok.fast.forward(*args)
+    g0 = dict(zip(OUTPUT_NAMES[1:], mok.fast.backward(ctx, inputs["dy"])))
+    for i in range(1000):
+        g = dict(zip(OUTPUT_NAMES[1:], mok.fast.backward(ctx, inputs["dy"])))
+        if not _same(g, g0):
+            _assert_same(g, g0, f"backward rerun {i}")
+
+
+def test_cuda_graph_replay_matches_eager(inputs):
+    eager = run_layer(inputs, impl=mok.fast)
+    static = {k: (v.clone() if v is not None else None) for k, v in inputs.items()}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            run_layer(static, impl=mok.fast)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run_layer(static, impl=mok.fast)
+    for _ in range(3):
+        for v in out.values():
+            if v is not None:
+                v.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_same(out, eager, "graph replay")
+    # new data copied into the static inputs flows through the graph
+    fresh = make_inputs(CFG, seed=4, routing="random", device="cuda")
+    for k, v in fresh.items():
+        if v is not None:
+            static[k].copy_(v)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_same(out, run_layer(fresh, impl=mok.fast), "graph replay, new inputs")
+
+
+def test_other_stream_matches(inputs):
+    base = run_layer(inputs, impl=mok.fast)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        other = run_layer(inputs, impl=mok.fast)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    _assert_same(other, base, "side stream")
+
+
+def _subset(inputs: dict, rows: torch.Tensor) -> dict:
+    out = dict(inputs)
+    for k in ("x", "topk_idx", "topk_weight", "dy"):
+        out[k] = inputs[k][rows].contiguous()
+    return out
+
+
+@pytest.mark.parametrize("rows", ["first_100", "middle", "one_token", "larger_batch"])
+def test_batch_invariance(inputs, rows):
+    T = CFG.T
+    full = run_layer(inputs, impl=mok.fast)
+    if rows == "larger_batch":
+        extra = make_inputs(MoEConfig(T=3 * T, H=CFG.H, I=CFG.I, E=CFG.E, K=CFG.K, S=CFG.S), seed=9, device="cuda")
+        big = dict(inputs)
+        for k in ("x", "topk_idx", "topk_weight", "dy"):
+            big[k] = torch.cat([extra[k][:T], inputs[k], extra[k][T:]]).contiguous()
+        got = run_layer(big, impl=mok.fast)
+        sel = torch.arange(T, 2 * T, device="cuda")
+    else:
+        sel = {"first_100": torch.arange(100), "middle": torch.arange(50, 450, 3),
+               "one_token": torch.tensor([17])}[rows].cuda()
+        got = run_layer(_subset(inputs, sel), impl=mok.fast)
+        sel_out = torch.arange(sel.numel(), device="cuda")
+        got = {k: (v[sel_out] if k in ("y", "d_x", "d_topk_weight") else v) for k, v in got.items()}
+        for k in ("y", "d_x", "d_topk_weight"):
+            assert_bitwise_equal(got[k], full[k][sel], f"batch invariance ({rows}): {k}")
+        return
+    for k in ("y", "d_x", "d_topk_weight"):
+        assert_bitwise_equal(got[k][sel], full[k], f"batch invariance ({rows}): {k}")
