@@ -20,22 +20,7 @@ import torch
 
 import mok
 from mok.bits import assert_bitwise_equal
-
-
-def saved_bytes(model, x) -> tuple[int, torch.Tensor]:
-    params = {p.data_ptr() for p in model.parameters()}
-    seen, total = set(), [0]
-
-    def pack(t):
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        if t.data_ptr() not in params and key not in seen:
-            seen.add(key)
-            total[0] += key[1]
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = model(x)
-    return total[0], y
+from mok.nn.memory import saved_activation_bytes
 
 
 def measure(args, recompute: bool) -> dict:
@@ -52,7 +37,7 @@ def measure(args, recompute: bool) -> dict:
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     t0 = time.time()
-    saved, y = saved_bytes(m, x)
+    saved, y = saved_activation_bytes(m, x)
     held = torch.cuda.memory_allocated() - before if cuda else None
     y.backward(dy)
     if cuda:

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import mok
+from mok.nn.memory import saved_activation_bytes
 from mok.bits import assert_bitwise_equal
 
 H, I, E, K, S, T = 16, 8, 4, 2, 8, 10
@@ -45,28 +46,12 @@ def test_recompute_gives_bitwise_same_gradients(S_, score):
         assert_bitwise_equal(out[True][name], out[False][name], name)
 
 
-def _saved_bytes(model, x):
-    params = {p.data_ptr() for p in model.parameters()}
-    seen, total = set(), [0]
-
-    def pack(t):
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        if t.data_ptr() not in params and key not in seen:
-            seen.add(key)
-            total[0] += key[1]
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    return total[0]
-
-
 def test_recompute_saves_less():
     x, _ = _inputs(64)
     sizes = {}
     for recompute in (False, True):
         torch.manual_seed(0)
-        sizes[recompute] = _saved_bytes(mok.MoE(H, I, E, K, shared_intermediate_size=S, recompute=recompute), x)
+        sizes[recompute] = saved_activation_bytes(mok.MoE(H, I, E, K, shared_intermediate_size=S, recompute=recompute), x)[0]
     # without recompute: o [T,K,H] bf16 + rows (f int64, g/u fp32, a bf16) [T*K, I] + shared g/u/a [T, S]
     intermediates = 64 * K * H * 2 + 64 * K * (8 + I * 10) + 64 * S * 10 + E * 8
     assert sizes[False] - sizes[True] == intermediates
