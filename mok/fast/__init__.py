@@ -48,7 +48,6 @@ def backward(ctx: FastContext, dy):
          d_shared_down [H,S] fp32 | None)
     """
     if not isinstance(ctx, FastContext):
-        raise ValueError(f"mok.fast: argument 'ctx': expected the FastContext from mok.fast.forward, "
-                         f"got {type(ctx).__name__}")
+        raise ValueError(f"ctx: expected the FastContext from mok.fast.forward, got {type(ctx).__name__}")
     check_dy(dy, ctx.T, ctx.H, ctx.x_TH.device)
     return run_backward(ctx, dy)
