@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import mok.fast  # noqa: E402
 from baselines import grouped_mm_path, naive_loop  # noqa: E402
-from mok.bits import rel_error  # noqa: E402
-from mok.cases import MoEConfig, make_routing  # noqa: E402
-from mok.reference.plain import moe_plain  # noqa: E402
+from mok.harness.bits import rel_error  # noqa: E402
+from mok.harness.cases import MoEConfig, make_routing  # noqa: E402
+from mok.harness.plain import moe_plain  # noqa: E402
 
 CONFIGS = ROOT / "benchmarks" / "configs.json"  # a copy of shared/bench/configs.json
 ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up",
@@ -43,7 +43,7 @@ def load_configs(path: Path) -> list[dict]:
 
 
 def make_bench_inputs(c: dict, routing: str, seed: int = 1) -> dict:
-    """Routing as configs.json says (mok.cases.make_routing on the CPU); the rest drawn on the GPU."""
+    """Routing as configs.json says (mok.harness.cases.make_routing on the CPU); the rest drawn on the GPU."""
     cfg = MoEConfig(c["T"], c["H"], c["I"], c["E"], c["K"], c["S"])
     idx, w = make_routing(cfg, torch.Generator().manual_seed(seed), routing)
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -8,9 +8,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mok.fast  # noqa: E402
-from mok.cases import MoEConfig, make_inputs  # noqa: E402
-from mok.fast.testing import error_table, plain_outputs  # noqa: E402
-from mok.runner import run_layer  # noqa: E402
+from mok.harness.cases import MoEConfig, make_inputs  # noqa: E402
+from mok.harness.fast_checks import error_table, plain_outputs  # noqa: E402
+from mok.harness.runner import run_layer  # noqa: E402
 
 cfg = MoEConfig.parse(sys.argv[1]) if len(sys.argv) > 1 else MoEConfig(T=200, H=256, I=136, E=8, K=3, S=64)
 routing = sys.argv[2] if len(sys.argv) > 2 else "random"

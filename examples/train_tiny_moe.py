@@ -3,7 +3,7 @@
 The text is the Python standard library's own source files (as bytes), so nothing is downloaded.
 Each step takes a global batch of M micro-batches; every dense part (embeddings, attention, norms,
 router gates, LM head) runs per micro-batch with the same shapes in every setting, and its
-per-micro-batch gradients are summed with `mok.reference.exact.tree_sum` in micro-batch order.
+per-micro-batch gradients are summed with `mok.reference.tree_sum` in micro-batch order.
 The MoE layer sees the micro-batches concatenated in order: in one process as one call; with expert
 parallelism (W gloo processes) each rank passes its own micro-batches with `group=`, and the
 reference sums every expert gradient over the same rows in the same order. So:
@@ -40,9 +40,9 @@ from torch import nn
 from tqdm import tqdm
 
 import mok
-from mok import ops
-from mok.reference.comm import all_gather_cat
-from mok.reference.exact import tree_sum
+from mok.nn import ops
+from mok.reference import all_gather_cat
+from mok.reference import tree_sum
 
 ROUTED = ("w_gate_LIH", "w_up_LIH", "w_down_LHI")  # this rank's L experts
 EXPERT_PARAMS = ROUTED + ("w_shared_gate_SH", "w_shared_up_SH", "w_shared_down_HS")  # shared: replicated
@@ -304,7 +304,7 @@ def plot(curves: dict, path: str, title: str) -> bool:
 
 def first_difference(a: dict, b: dict) -> str | None:
     """None when every tensor is bitwise equal, else a message naming the first difference."""
-    from mok.bits import bit_diff
+    from mok.harness.bits import bit_diff
 
     for name in a:
         d = bit_diff(b[name], a[name])

@@ -1,9 +1,19 @@
-"""mok: a deterministic mixture-of-experts layer. `mok.MoE` is imported on first use."""
+"""mok: a deterministic mixture-of-experts layer.
+
+`mok.MoE` (the module), `mok.moe` / `mok.router` / `mok.router_losses` (the functional ops) and the
+subpackages `mok.reference` (the bit-exact contract), `mok.fast` (CUDA, Hopper), `mok.nn`, `mok.hf`
+and `mok.harness` (goldens, verify, diff-grads; `pip install mok[harness]`) are imported on first use.
+"""
+
+__version__ = "0.2.0"
+
+_LAZY = {"MoE": "mok.nn", "RouterLosses": "mok.nn", "Routing": "mok.nn",
+         "moe": "mok.nn.ops", "router": "mok.nn.ops", "router_losses": "mok.nn.ops"}
 
 
 def __getattr__(name):
-    if name in ("MoE", "RouterLosses", "Routing"):
-        from . import nn
+    if name in _LAZY:
+        import importlib
 
-        return getattr(nn, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'mok' has no attribute {name!r}")

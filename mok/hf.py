@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .nn import MoE
-from .reference import comm
+from .reference import world
 
 
 def _is_v5(block) -> bool:
@@ -64,7 +64,7 @@ def from_hf_qwen3_moe(block, *, dtype=None, backend: str = "auto", group=None, r
     dtype = dtype or w["router"].dtype
     m = MoE(H, I, E, K, score="softmax", normalize=normalize, backend=backend, group=group, recompute=recompute,
             dtype=dtype, device=w["router"].device)
-    W, rank = comm.world(group)
+    W, rank = world(group)
     L = E // W
     with torch.no_grad():
         m.w_router_EH.copy_(w["router"])

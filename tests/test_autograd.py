@@ -3,9 +3,9 @@
 import pytest
 
 from mok import reference
-from mok.bits import assert_bitwise_equal
-from mok.cases import DEFAULT, LAYER_ARGS, MoEConfig, make_inputs
-from mok.runner import run_layer
+from mok.harness.bits import assert_bitwise_equal
+from mok.harness.cases import DEFAULT, LAYER_ARGS, MoEConfig, make_inputs
+from mok.harness.runner import run_layer
 
 GRAD_OF = {"x": "d_x", "topk_weight": "d_topk_weight", "routed_gate": "d_routed_gate",
            "routed_up": "d_routed_up", "routed_down": "d_routed_down", "shared_gate": "d_shared_gate",

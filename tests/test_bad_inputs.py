@@ -9,9 +9,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mok import reference
-from mok.cases import LAYER_ARGS, MoEConfig, make_inputs
-from mok.reference.validate import check_ep_split
-from mok.runner import shard_inputs
+from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
+from mok.reference import check_ep_split
+from mok.harness.runner import shard_inputs
 
 CFG = MoEConfig(T=6, H=8, I=4, E=4, K=2, S=4)
 

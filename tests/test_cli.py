@@ -6,14 +6,14 @@ import sys
 import pytest
 import torch
 
-import mok.diffgrads as diffgrads
-import mok.verify as verify
-from mok.cli import main
+import mok.harness.diffgrads as diffgrads
+import mok.harness.verify as verify
+from mok.harness.cli import main
 
 
 @pytest.mark.slow
 def test_mok_verify_passes_end_to_end():
-    r = subprocess.run([sys.executable, "-m", "mok.cli", "verify", "--no-progress"],
+    r = subprocess.run([sys.executable, "-m", "mok.harness.cli", "verify", "--no-progress"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 failed" in r.stdout and "W=4 vs W=1" in r.stdout
@@ -49,7 +49,7 @@ def test_diff_grads_reports_a_difference(monkeypatch, capsys):
     calls = {"n": 0}
 
     def fake_run(inputs, W, device="cpu", threads=1):
-        from mok.runner import run_sharded
+        from mok.harness.runner import run_sharded
         calls["n"] += 1
         outs = [run_sharded(inputs, r, 1, None) for r in range(1)]
         if calls["n"] == 2:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mok.cli import main
-from mok.golden import CASES, GOLDEN_DIR, check_case, load_manifest, tensor_sha256
+from mok.harness.cli import main
+from mok.harness.golden import CASES, GOLDEN_DIR, check_case, load_manifest, tensor_sha256
 from mok.reference import CONTRACT_VERSION
 
 NAMES = [c.name for c in CASES]
@@ -42,7 +42,7 @@ def test_spec_cases_are_covered():
     assert {1, 2, 4} <= set(by["base"].world_sizes)
     # the routing of these cases really has an empty expert / a single expert
     _, _ = by, None
-    from mok.golden import load_case
+    from mok.harness.golden import load_case
     inp, _ = load_case("empty_expert")
     assert not bool((inp["topk_idx"] == by["empty_expert"].config.E - 1).any())
     inp, _ = load_case("one_expert")

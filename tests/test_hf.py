@@ -16,7 +16,7 @@ from transformers import Qwen3MoeConfig  # noqa: E402
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock  # noqa: E402
 
 import mok  # noqa: E402
-from mok.bits import assert_bitwise_equal, rel_error  # noqa: E402
+from mok.harness.bits import assert_bitwise_equal, rel_error  # noqa: E402
 from mok.hf import from_hf_qwen3_moe, to_hf_qwen3_moe  # noqa: E402
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import mok
-from mok import ops
-from mok.bits import assert_bitwise_equal
-from mok.cases import MoEConfig, make_inputs
+from mok.nn import ops
+from mok.harness.bits import assert_bitwise_equal
+from mok.harness.cases import MoEConfig, make_inputs
 
 
 def _req(t):
@@ -29,8 +29,16 @@ def _layer_args(S, weight_dtype=torch.bfloat16, x_dtype=torch.bfloat16):
 def test_opcheck_moe(S, weight_dtype, x_dtype, recompute):
     args, dy = _layer_args(S, weight_dtype, x_dtype)
     torch.library.opcheck(ops.moe_fwd, (*args, None, "reference", recompute))
-    saved = [t.detach() for t in ops.moe_fwd(*[_detach(a) for a in args], None, "reference", recompute)[1:]]
-    torch.library.opcheck(ops.moe_bwd, (dy, *[_detach(a) for a in args], saved, None, "reference", recompute))
+    plain = [_detach(a) for a in args]
+    out = [t.detach() for t in ops.moe_fwd(*plain, None, "reference", recompute)]
+    fp32 = [i for i, a in enumerate(plain) if a is not None and a.dtype == torch.float32 and i not in (2,)]
+    casts, saved = out[1:1 + len(fp32)], out[1 + len(fp32):]
+    assert len(saved) == (0 if recompute else 9)  # recompute saves no intermediates
+    bf16_args = list(plain)
+    for i, c in zip(fp32, casts):  # the bf16 copies forward made of fp32 x / weights, once
+        assert c.dtype == torch.bfloat16 and torch.equal(c, plain[i].to(torch.bfloat16))
+        bf16_args[i] = c
+    torch.library.opcheck(ops.moe_bwd, (dy, *bf16_args, saved, None, "reference", recompute))
 
 
 def _detach(t):
@@ -45,13 +53,15 @@ def test_opcheck_router_and_losses(score, normalize, x_dtype):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(10, 16, generator=g).to(x_dtype)
     w = torch.randn(6, 16, generator=g) * 0.25
-    torch.library.opcheck(ops.router_fwd, (_req(x), _req(w), 3, score, normalize))
-    tw, idx, sc, lg = ops.router_fwd(x, w, 3, score, normalize)
-    torch.library.opcheck(ops.router_bwd, (x, w, lg, idx, torch.randn_like(tw), torch.randn_like(sc),
-                                           torch.randn_like(lg), score, normalize))
-    torch.library.opcheck(ops.router_losses_fwd, (_req(sc), _req(lg), idx, score))
+    torch.library.opcheck(ops.router_fwd, (_req(x), _req(w), 3, score, normalize, "reference"))
+    tw, idx, sc, lg, *_ = ops.router_fwd(x, w, 3, score, normalize, "reference")
+    x16, w16 = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    torch.library.opcheck(ops.router_bwd, (x16, w16, sc, idx, torch.randn_like(tw), torch.randn_like(sc),
+                                           torch.randn_like(lg), score, normalize, "reference"))
+    torch.library.opcheck(ops.router_bwd, (x16, w16, sc, idx, None, None, None, score, normalize, "reference"))
+    torch.library.opcheck(ops.router_losses_fwd, (_req(sc), _req(lg), idx, score, "reference"))
     one = torch.tensor(1.0)
-    torch.library.opcheck(ops.router_losses_bwd, (one, one, sc, lg, idx, score))
+    torch.library.opcheck(ops.router_losses_bwd, (one, one, sc, lg, idx, score, "reference"))
 
 
 def _run(model, x, dy, params_of):

@@ -10,8 +10,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import mok
-from mok.nn.memory import saved_activation_bytes
-from mok.bits import assert_bitwise_equal
+from mok.harness.memory import saved_activation_bytes
+from mok.harness.bits import assert_bitwise_equal
 
 H, I, E, K, S, T = 16, 8, 4, 2, 8, 10
 

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from mok.bits import assert_bitwise_equal, bit_diff
-from mok.cases import DEFAULT, OUTPUT_NAMES, MoEConfig, make_inputs
-from mok.dist import run_reference_world
+from mok.harness.bits import assert_bitwise_equal, bit_diff
+from mok.harness.cases import DEFAULT, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.harness.dist import run_reference_world
 from mok.reference import route
-from mok.runner import run_layer, unshard_outputs
+from mok.harness.runner import run_layer, unshard_outputs
 
 U = 2.0**-24
 NO_SHARED = MoEConfig(T=48, H=80, I=40, E=8, K=3, S=0)

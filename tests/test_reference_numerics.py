@@ -1,4 +1,4 @@
-"""The reference against float64 evaluations of SPEC §2 (mok.reference.plain), on many shapes.
+"""The reference against float64 evaluations of SPEC §2 (mok.harness.plain), on many shapes.
 
 Tolerances (measured over 3000 random configs in the ranges below, see the report of issue 2):
 
@@ -37,10 +37,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mok.bits import rel_error
-from mok.cases import LAYER_ARGS, OUTPUT_NAMES, ROUTINGS, MoEConfig, make_inputs
-from mok.reference.plain import moe_plain
-from mok.runner import run_layer
+from mok.harness.bits import rel_error
+from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, ROUTINGS, MoEConfig, make_inputs
+from mok.harness.plain import moe_plain
+from mok.harness.runner import run_layer
 
 GRAD_OF = dict(zip(OUTPUT_NAMES[1:], ("x", "topk_weight", "routed_gate", "routed_up", "routed_down",
                                       "shared_gate", "shared_up", "shared_down")))

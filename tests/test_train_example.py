@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from mok.bits import assert_bitwise_equal
+from mok.harness.bits import assert_bitwise_equal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

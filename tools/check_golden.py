@@ -2,7 +2,7 @@
 
 import sys
 
-from mok.cli import main
+from mok.harness.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["golden", "check"] + sys.argv[1:]))

@@ -2,7 +2,7 @@
 
 import sys
 
-from mok.cli import main
+from mok.harness.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["diff-grads"] + sys.argv[1:]))

@@ -1,17 +1,23 @@
-"""Hopper (sm_90a) fast path of the MoE layer: same signature, return order and properties as
-`mok.reference` (SPEC §2, §4), built from CUTLASS grouped GEMMs and small deterministic kernels.
+"""Hopper (sm_90a) fast path of the MoE layer and its router: same signature, return order and
+properties as `mok.reference` (docs/layer.md, docs/determinism.md), built from CUTLASS grouped GEMMs
+and small deterministic kernels (csrc/, shipped inside this package, built on first use).
 
 One GPU (W = 1). See docs/fast_path.md for the pipeline, the bad-id policy (NaN outputs) and the
-expert-parallel plan.
+expert-parallel plan. `is_available()` says whether it can run here without building anything.
 """
 from __future__ import annotations
 
 from ._backward import run_backward
-from ._build import FastPathUnavailable
+from ._build import FastPathUnavailable, is_available
 from ._checks import check_dy, check_group, check_inputs
+from ._context import load_context, save_context, saved_fake
 from ._forward import FastContext, run_forward
+from ._router import (load_balance_loss, load_balance_loss_backward, router_backward, router_forward, z_loss,
+                      z_loss_backward)
 
-__all__ = ["forward", "backward", "FastContext", "FastPathUnavailable"]
+__all__ = ["forward", "backward", "FastContext", "FastPathUnavailable", "is_available", "save_context",
+           "load_context", "saved_fake", "router_forward", "router_backward", "load_balance_loss",
+           "load_balance_loss_backward", "z_loss", "z_loss_backward"]
 
 
 def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
@@ -40,7 +46,7 @@ def backward(ctx: FastContext, dy):
     """MoE backward.
 
     Args:
-        ctx: the context returned by `forward`.
+        ctx: the context returned by `forward` (or rebuilt by `load_context`).
         dy: [T, H] bf16, contiguous, on the forward's device.
     Returns:
         (d_x [T,H] bf16, d_topk_weight [T,K] fp32, d_routed_gate [E,I,H] fp32, d_routed_up [E,I,H] fp32,
@@ -49,5 +55,5 @@ def backward(ctx: FastContext, dy):
     """
     if not isinstance(ctx, FastContext):
         raise ValueError(f"ctx: expected the FastContext from mok.fast.forward, got {type(ctx).__name__}")
-    check_dy(dy, ctx.T, ctx.H, ctx.x_TH.device)
+    check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)
     return run_backward(ctx, dy)

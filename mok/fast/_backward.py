@@ -1,17 +1,20 @@
-"""Backward pass of the fast path (one GPU, W = 1).
+"""Backward pass of the fast path (one GPU, W = 1), as named stages.
 
-pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> grouped GEMM d_a (+ shared)
--> SwiGLU backward (dg | du, bf16) -> grouped GEMM d_x rows against [gate; up] (+ shared; the
+pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GEMM (+ shared)
+-> SwiGLU backward (dg | du, bf16) -> d_x rows grouped GEMM against [gate; up] (+ shared; the
 concatenation is copied on a side stream meanwhile) -> d_x combine (fp32, shared first then k
-ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs (fp32,
-K = the expert's rows in canonical order, one CTA per output tile) -> zero empty experts -> NaN
+ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs (fp32, reduced over
+the expert's rows in canonical order, one CTA per output tile) -> zero empty experts -> NaN
 poison of every output if the routing flag is set.
 """
 from __future__ import annotations
 
 import torch
 
+from ..reference import Dims
 from . import _lib
+from ._forward import FastContext, Schedule, _empty
+from ._lib import Operand, Segment
 
 _SIDE: dict[int, torch.cuda.Stream] = {}
 
@@ -23,96 +26,120 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     if idx not in _SIDE:
         _SIDE[idx] = torch.cuda.Stream(device)
     return _SIDE[idx]
-from ._forward import FastContext
-from ._lib import Operand, Segment
+
+
+def stack_gate_up(rg, ru, sg, su, w_gu, w_gu_s) -> None:
+    """Fill w_gu [E, 2I, H] = [gate; up] per expert and w_gu_s [2S, H] (if a shared expert) for the d_x
+    GEMM's one accumulation over 2I."""
+    torch.cat([rg, ru], dim=1, out=w_gu)
+    if sg is not None:
+        torch.cat([sg, su], dim=0, out=w_gu_s)
+
+
+def d_act(ctx: FastContext, dy, go_RH, rd, sd):
+    """(da [R, I] fp32, da_s [T, S] fp32 or None): go · W_down[e] and dy · shared_down, one launch."""
+    d, dev, R = ctx.dims, dy.device, go_RH.shape[0]
+    H, I, S, T = d.H, d.I, d.S, d.T
+    da = _empty(dev, torch.float32, R, I)
+    segs = [Segment.expert_rows(ctx.sched.offsets, d.E, I, H, Operand(go_RH, 0, H, H), Operand(rd, H * I, 0, I),
+                                Operand(da, 0, I, I))]
+    da_s = None
+    if S:
+        da_s = _empty(dev, torch.float32, T, S)
+        segs.append(Segment.all_rows(T, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(da_s, 0, 0, S)))
+    _lib.grouped_gemm(_lib.GEMM_NN_F32, segs, dev)
+    return da, da_s
+
+
+def swiglu_backward(ctx: FastContext, da, da_s):
+    """(dgu [R, 2I] bf16, dgu_s [T, 2S] bf16 or None) = [bf16(da*u*silu'(g)) | bf16(da*silu(g))]."""
+    d, dev, R = ctx.dims, da.device, da.shape[0]
+    dgu = _empty(dev, torch.bfloat16, R, 2 * d.I)
+    _lib.swiglu_bwd(da, ctx.gu_R2I, ctx.sched.offsets, d.E, 0, d.I, R, dgu)
+    dgu_s = None
+    if da_s is not None:
+        dgu_s = _empty(dev, torch.bfloat16, d.T, 2 * d.S)
+        _lib.swiglu_bwd(da_s, ctx.gu_s_T2S, None, 0, d.T, d.S, d.T, dgu_s)
+    return dgu, dgu_s
+
+
+def d_input_rows(ctx: FastContext, dgu, dgu_s, w_gu, w_gu_s):
+    """(dx rows [R, H] bf16, dx_s [T, H] bf16 or None) = [dg | du] · [W_gate; W_up], one fp32 accumulation."""
+    d, dev, R = ctx.dims, dgu.device, dgu.shape[0]
+    H, I, S, T = d.H, d.I, d.S, d.T
+    dx_RH = _empty(dev, torch.bfloat16, R, H)
+    segs = [Segment.expert_rows(ctx.sched.offsets, d.E, H, 2 * I, Operand(dgu, 0, 2 * I, 2 * I),
+                                Operand(w_gu, 2 * I * H, 0, H), Operand(dx_RH, 0, H, H))]
+    dxs = None
+    if dgu_s is not None:
+        dxs = _empty(dev, torch.bfloat16, T, H)
+        segs.append(Segment.all_rows(T, H, 2 * S, Operand(dgu_s, 0, 0, 2 * S), Operand(w_gu_s, 0, 0, H),
+                                     Operand(dxs, 0, 0, H)))
+    _lib.grouped_gemm(_lib.GEMM_NN_BF16, segs, dev)
+    return dx_RH, dxs
+
+
+def weight_grads(ctx: FastContext, dy, go_RH, dgu, dgu_s):
+    """(d_rg, d_ru [E, I, H], d_rd [E, H, I], d_sg, d_su [S, H], d_sd [H, S] or None), fp32, each reduced
+    over its expert's rows in canonical order; experts with no rows get zeros."""
+    d, dev, sched = ctx.dims, dy.device, ctx.sched
+    H, I, S, T, E = d.H, d.I, d.S, d.T, d.E
+    d_rd = _empty(dev, torch.float32, E, H, I)
+    d_rg = _empty(dev, torch.float32, E, I, H)
+    d_ru = _empty(dev, torch.float32, E, I, H)
+    segs = [Segment.expert_wgrad(sched.offsets, E, H, I, Operand(go_RH, 0, H, H), Operand(ctx.a_RI, 0, I, I),
+                                 Operand(d_rd, H * I, 0, I))]
+    d_sg = d_su = d_sd = None
+    if S:
+        d_sd = _empty(dev, torch.float32, H, S)
+        segs.append(Segment.all_wgrad(T, H, S, Operand(dy, 0, 0, H), Operand(ctx.a_s_TS, 0, 0, S),
+                                      Operand(d_sd, 0, 0, S)))
+    _lib.grouped_gemm(_lib.GEMM_TT_F32, segs, dev)
+    x_rows = Operand(ctx.x_RH, 0, H, H)
+    segs = [Segment.expert_wgrad(sched.offsets, E, I, H, Operand(dgu, 0, 2 * I, 2 * I, offset=half * I), x_rows,
+                                 Operand(out, I * H, 0, H))
+            for half, out in enumerate((d_rg, d_ru))]
+    if S:
+        d_sg = _empty(dev, torch.float32, S, H)
+        d_su = _empty(dev, torch.float32, S, H)
+        segs += [Segment.all_wgrad(T, S, H, Operand(dgu_s, 0, 0, 2 * S, offset=half * S), Operand(ctx.x_TH, 0, 0, H),
+                                   Operand(out, 0, 0, H))
+                 for half, out in enumerate((d_sg, d_su))]
+    _lib.grouped_gemm(_lib.GEMM_TT_F32, segs, dev)
+    for g in (d_rg, d_ru, d_rd):
+        _lib.zero_empty(g, sched.offsets, E, sched.flag)
+    return d_rg, d_ru, d_rd, d_sg, d_su, d_sd
 
 
 def run_backward(ctx: FastContext, dy):
-    """Gradients in the reference's order (SPEC §2)."""
-    T, H, I, S, E, K = ctx.T, ctx.H, ctx.I, ctx.S, ctx.E, ctx.K
+    """Gradients in the reference's order: d_x, d_topk_weight, routed gate/up/down, shared gate/up/down."""
+    d: Dims = ctx.dims
     rg, ru, rd, sg, su, sd = ctx.weights
-    dev = dy.device
+    dev, sched = dy.device, ctx.sched
     R = ctx.x_RH.shape[0]
-    offsets, flag = ctx.offsets, ctx.flag
-    n_rows_ptr = offsets.data_ptr() + E * 4
-
+    # Buffers used on both streams are allocated on the main one; every side-stream use is ordered
+    # before the main stream's later work (main.wait_stream(side)), so none is reused too early.
     main, side = torch.cuda.current_stream(dev), _side_stream(dev)
-    # [W_gate; W_up] for the d_x GEMM (one fp32 accumulation over 2I): copied on the side stream
-    # while the pre-combine, the d_a GEMM and the SwiGLU backward run.
-    w_gu = torch.empty(E, 2 * I, H, dtype=torch.bfloat16, device=dev)
-    w_gu_s = torch.empty(2 * S, H, dtype=torch.bfloat16, device=dev) if S else None
+    w_gu = _empty(dev, torch.bfloat16, d.E, 2 * d.I, d.H)
+    w_gu_s = _empty(dev, torch.bfloat16, 2 * d.S, d.H) if d.S else None
     side.wait_stream(main)
-    with torch.cuda.stream(side):
-        torch.cat([rg, ru], dim=1, out=w_gu)
-        if S:
-            torch.cat([sg, su], dim=0, out=w_gu_s)
+    with torch.cuda.stream(side):  # the concatenation overlaps the pre-combine, d_a and SwiGLU backward
+        stack_gate_up(rg, ru, sg, su, w_gu, w_gu_s)
 
-    d_w = torch.empty(T, K, dtype=torch.float32, device=dev)
-    go_RH = torch.empty(R, H, dtype=torch.bfloat16, device=dev)
-    _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, ctx.pair_row, flag, d_w, go_RH)
-
-    # d_a = go . W_down[e]   ([rows, H] x [H, I])
-    da = torch.empty(R, I, dtype=torch.float32, device=dev)
-    segs = [Segment(E, 0, 0, I, H, Operand(go_RH, 0, H, H), Operand(rd, H * I, 0, I), Operand(da, 0, I, I),
-                    offsets=offsets)]
-    da_s = None
-    if S:
-        da_s = torch.empty(T, S, dtype=torch.float32, device=dev)
-        segs.append(Segment(1, 0, 0, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(da_s, 0, 0, S),
-                            fixed_rows=T))
-    _lib.grouped_gemm(_lib.GEMM_NN_F32, segs, dev)
-
-    dgu = torch.empty(R, 2 * I, dtype=torch.bfloat16, device=dev)
-    _lib.swiglu_bwd(da, ctx.gu_R2I, 2 * I, n_rows_ptr, 0, I, R, dgu)
-    dgu_s = None
-    if S:
-        dgu_s = torch.empty(T, 2 * S, dtype=torch.bfloat16, device=dev)
-        _lib.swiglu_bwd(da_s, ctx.gu_s_T2S, 2 * S, None, T, S, T, dgu_s)
-
-    # dx rows = [dg | du] . [W_gate[e]; W_up[e]]   ([rows, 2I] x [2I, H]), one fp32 accumulation
+    d_w = _empty(dev, torch.float32, d.T, d.K)
+    go_RH = _empty(dev, torch.bfloat16, R, d.H)
+    _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, sched.pair_row, sched.flag, d_w, go_RH)
+    da, da_s = d_act(ctx, dy, go_RH, rd, sd)
+    dgu, dgu_s = swiglu_backward(ctx, da, da_s)
     main.wait_stream(side)
-    dx_RH = torch.empty(R, H, dtype=torch.bfloat16, device=dev)
-    segs = [Segment(E, 0, 0, H, 2 * I, Operand(dgu, 0, 2 * I, 2 * I), Operand(w_gu, 2 * I * H, 0, H),
-                    Operand(dx_RH, 0, H, H), offsets=offsets)]
-    dxs = None
-    if S:
-        dxs = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-        segs.append(Segment(1, 0, 0, H, 2 * S, Operand(dgu_s, 0, 0, 2 * S), Operand(w_gu_s, 0, 0, H),
-                            Operand(dxs, 0, 0, H), fixed_rows=T))
-    _lib.grouped_gemm(_lib.GEMM_NN_BF16, segs, dev)
-    d_x = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    dx_RH, dxs = d_input_rows(ctx, dgu, dgu_s, w_gu, w_gu_s)
+    d_x = _empty(dev, torch.bfloat16, d.T, d.H)
     side.wait_stream(main)
-    with torch.cuda.stream(side):  # overlaps the weight-gradient GEMMs
-        _lib.combine_bwd_dx(dxs, dx_RH, ctx.pair_row, flag, K, d_x)
-
-    # weight gradients, fp32, K = rows of the expert in canonical order
-    d_rd = torch.empty(E, H, I, dtype=torch.float32, device=dev)
-    d_rg = torch.empty(E, I, H, dtype=torch.float32, device=dev)
-    d_ru = torch.empty(E, I, H, dtype=torch.float32, device=dev)
-    segs = [Segment(E, 2, H, I, 0, Operand(go_RH, 0, H, H), Operand(ctx.a_RI, 0, I, I),
-                    Operand(d_rd, H * I, 0, I), offsets=offsets)]
-    d_sg = d_su = d_sd = None
-    if S:
-        d_sd = torch.empty(H, S, dtype=torch.float32, device=dev)
-        segs.append(Segment(1, 2, H, S, 0, Operand(dy, 0, 0, H), Operand(ctx.a_s_TS, 0, 0, S),
-                            Operand(d_sd, 0, 0, S), fixed_rows=T))
-    _lib.grouped_gemm(_lib.GEMM_TT_F32, segs, dev)
-    segs = [Segment(E, 2, I, H, 0, Operand(dgu, 0, 2 * I, 2 * I), Operand(ctx.x_RH, 0, H, H),
-                    Operand(d_rg, I * H, 0, H), offsets=offsets),
-            Segment(E, 2, I, H, 0, Operand(dgu, 0, 2 * I, 2 * I, elem_offset=I), Operand(ctx.x_RH, 0, H, H),
-                    Operand(d_ru, I * H, 0, H), offsets=offsets)]
-    if S:
-        d_sg = torch.empty(S, H, dtype=torch.float32, device=dev)
-        d_su = torch.empty(S, H, dtype=torch.float32, device=dev)
-        segs += [Segment(1, 2, S, H, 0, Operand(dgu_s, 0, 0, 2 * S), Operand(ctx.x_TH, 0, 0, H),
-                         Operand(d_sg, 0, 0, H), fixed_rows=T),
-                 Segment(1, 2, S, H, 0, Operand(dgu_s, 0, 0, 2 * S, elem_offset=S), Operand(ctx.x_TH, 0, 0, H),
-                         Operand(d_su, 0, 0, H), fixed_rows=T)]
-    _lib.grouped_gemm(_lib.GEMM_TT_F32, segs, dev)
+    with torch.cuda.stream(side):  # the d_x combine overlaps the weight-gradient GEMMs
+        _lib.combine_bwd_dx(dxs, dx_RH, sched.pair_row, sched.flag, d.K, d_x)
+    grads = weight_grads(ctx, dy, go_RH, dgu, dgu_s)
     main.wait_stream(side)
-    for d in (d_rg, d_ru, d_rd):
-        _lib.zero_empty(d, offsets, E, d[0].numel(), flag)
-    for d in (d_rg, d_ru, d_rd, d_sg, d_su, d_sd):
-        if d is not None:
-            _lib.poison(d, flag)
-    return d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd
+    for g in grads:
+        if g is not None:
+            _lib.poison(g, sched.flag)
+    return (d_x, d_w, *grads)

@@ -1,4 +1,4 @@
-"""Build and load the CUDA library of the fast path (csrc/*.cu) for sm_90a.
+"""Build and load the CUDA library of the fast path (mok/fast/csrc/*.cu, package data) for sm_90a.
 
 The library is built on first use with ``torch.utils.cpp_extension.load`` (ninja) into a cache
 directory (``$MOK_FAST_CACHE`` or ``~/.cache/mok/fast``) and reused afterwards;
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import logging
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-CSRC = Path(__file__).resolve().parents[2] / "csrc"
+CSRC = Path(__file__).resolve().parent / "csrc"  # package data
 NAME = "mok_fast_sm90a"
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
 CUDA_FLAGS = ["-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", *ARCH_FLAGS]
@@ -74,8 +75,9 @@ def build_with_torch(verbose: bool = False) -> str:
     from torch.utils import cpp_extension
 
     find_nvcc()
-    cache = Path(os.environ.get("MOK_FAST_CACHE", Path.home() / ".cache" / "mok" / "fast"))
-    build_dir = cache / NAME
+    import torch
+
+    build_dir = cache_dir() / NAME / f"torch-{torch.__version__}"  # the library links to this torch
     if os.environ.get("MOK_FAST_REBUILD") == "1" and build_dir.exists():
         shutil.rmtree(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -129,10 +131,45 @@ def build_standalone(out: str, jobs: int = 2) -> str:
 
 
 _LIB: ctypes.CDLL | None = None
+log = logging.getLogger("mok")
+
+
+def cache_dir() -> Path:
+    """Where the first-use build goes: $MOK_FAST_CACHE or ~/.cache/mok/fast."""
+    return Path(os.environ.get("MOK_FAST_CACHE", Path.home() / ".cache" / "mok" / "fast"))
+
+
+def is_available(device=None) -> tuple[bool, str]:
+    """(ok, reason): whether the fast path can run on `device` (default: the current CUDA device),
+    without building anything: an sm_90 GPU, and a library to load (MOK_FAST_LIB, already loaded)
+    or what building one needs (nvcc and the CUTLASS headers)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU is visible"
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if dev.type != "cuda":
+        return False, f"{dev} is not a CUDA device"
+    cap = torch.cuda.get_device_capability(dev)
+    if cap != (9, 0):
+        return False, f"mok.fast needs compute capability 9.0 (sm_90a, H100/H200); {dev} has {cap[0]}.{cap[1]}"
+    if _LIB is not None:
+        return True, "sm_90 GPU, library loaded"
+    if os.environ.get("MOK_FAST_LIB"):
+        if not Path(os.environ["MOK_FAST_LIB"]).is_file():
+            return False, f"MOK_FAST_LIB={os.environ['MOK_FAST_LIB']} is not a file"
+        return True, f"sm_90 GPU, library {os.environ['MOK_FAST_LIB']}"
+    try:
+        find_nvcc()
+        cutlass_include_dirs()
+    except FastPathUnavailable as e:
+        return False, str(e)
+    return True, f"sm_90 GPU, nvcc and CUTLASS present (kernels built on first use into {cache_dir()})"
 
 
 def library() -> ctypes.CDLL:
-    """The loaded library (built on first call); raises FastPathUnavailable when it cannot run."""
+    """The loaded library, built on first call (with a message saying so); raises
+    FastPathUnavailable when it cannot be built or loaded here."""
     global _LIB
     if _LIB is not None:
         return _LIB
@@ -140,11 +177,11 @@ def library() -> ctypes.CDLL:
 
     if not torch.cuda.is_available():
         raise FastPathUnavailable("mok.fast needs a CUDA GPU of compute capability 9.0 (Hopper); none is visible")
-    cap = torch.cuda.get_device_capability()
-    if cap != (9, 0):
-        raise FastPathUnavailable(
-            f"mok.fast needs compute capability 9.0 (sm_90a, H100/H200); device 0 has {cap[0]}.{cap[1]}")
-    path = os.environ.get("MOK_FAST_LIB") or build_with_torch(verbose=os.environ.get("MOK_FAST_VERBOSE") == "1")
+    path = os.environ.get("MOK_FAST_LIB")
+    if not path:
+        log.warning("mok.fast: compiling the CUDA kernels for sm_90a (first use: about 1 minute on 16 cores, "
+                    "up to 5 on 2); cached in %s", cache_dir() / NAME)
+        path = build_with_torch(verbose=os.environ.get("MOK_FAST_VERBOSE") == "1")
     _LIB = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     return _LIB
 

@@ -1,5 +1,5 @@
 """Host-side validation of the fast path's inputs: the layer's shared checks
-(`mok.reference.validate`: types, dtypes, shapes, devices, K) plus the fast path's own rules
+(`mok.reference.check_layer_args`: types, dtypes, shapes, devices, K) plus the fast path's own rules
 (a CUDA tensor on an sm_90 GPU, contiguity, 16-byte rows for TMA).
 
 Expert ids are checked on the device (see docs/fast_path.md), never here, so nothing syncs.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..reference.validate import check_grad_out, check_layer_args
+from ..reference import Dims, check_grad_out, check_layer_args
 
 _NAMES = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down",
           "routed_gate", "routed_up", "routed_down")
@@ -34,8 +34,8 @@ def check_group(group) -> int:
 
 
 def check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
-                 routed_down) -> tuple[int, int, int, int, int, int]:
-    """Validate the layer's inputs (SPEC §2, §6) for the fast path; returns (T, H, I, S, E, K)."""
+                 routed_down) -> Dims:
+    """Validate the layer's inputs (docs/layer.md, docs/bad_input.md) for the fast path; returns their sizes."""
     if isinstance(x, torch.Tensor) and x.device.type != "cuda":
         raise ValueError(f"x: expected a CUDA tensor (mok.fast runs on the GPU), got device {x.device}")
     args = (x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down)
@@ -56,7 +56,7 @@ def check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, 
         raise ValueError(f"routed_gate: expected I a multiple of 8 (16-byte rows for TMA), got I = {d.I}")
     if d.T * d.K >= 2**31:
         raise ValueError(f"x: expected T*K < 2^31 routed rows, got T*K = {d.T * d.K}")
-    return d.T, d.H, d.I, d.S, d.E, d.K
+    return d
 
 
 def check_dy(dy, T: int, H: int, device: torch.device) -> None:

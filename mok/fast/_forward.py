@@ -1,9 +1,9 @@
-"""Forward pass of the fast path (one GPU, W = 1).
+"""Forward pass of the fast path (one GPU, W = 1), as named stages.
 
-Pipeline (all on the current stream, no host sync):
-schedule -> gather x rows (expert order) -> grouped GEMM gate/up (+ shared, one launch, fp32 out)
--> SwiGLU (bf16 a) -> grouped GEMM down (+ shared, one launch, bf16 out) -> combine (fp32, shared
+schedule -> gather x rows (expert order) -> gate/up grouped GEMM (+ shared, one launch, fp32 out)
+-> SwiGLU (bf16 a) -> down grouped GEMM (+ shared, one launch, bf16 out) -> combine (fp32, shared
 first, then k ascending, one bf16 rounding; NaN when the routing flag is set).
+All on the current stream, no host synchronisation; buffers sized for the dropless worst case.
 """
 from __future__ import annotations
 
@@ -11,24 +11,27 @@ from dataclasses import dataclass
 
 import torch
 
+from ..reference import Dims
 from . import _lib
 from ._lib import Operand, Segment
 
 
 @dataclass
+class Schedule:
+    """Where each (token, k) pair's row is. R = capacity rows; rows in canonical order."""
+    offsets: torch.Tensor   # int32 [2E+1]: first row of each expert (offsets[E] = rows placed), then counts
+    row_pair: torch.Tensor | None  # int32 [R]: pair index t*K+k of each row (forward only)
+    pair_row: torch.Tensor  # int32 [T*K]: row of pair t*K+k
+    flag: torch.Tensor      # int32 [1]: nonzero = bad routing, every output is NaN
+
+
+@dataclass
 class FastContext:
-    """What backward needs. R = T*K row capacity (dropless worst case); rows in canonical order."""
-    T: int
-    H: int
-    I: int
-    S: int
-    E: int
-    K: int
+    """What backward needs (`save_context` / `load_context` turn it into tensors and back)."""
+    dims: Dims
     x_TH: torch.Tensor            # bf16 [T, H]
     topk_weight_TK: torch.Tensor  # fp32 [T, K]
-    offsets: torch.Tensor         # int32 [2E+1]: row offsets per expert, then counts
-    pair_row: torch.Tensor        # int32 [T*K]: row of pair t*K+k
-    flag: torch.Tensor            # int32 [1]: nonzero = bad routing, outputs are NaN
+    sched: Schedule
     x_RH: torch.Tensor            # bf16 [R, H] gathered rows
     gu_R2I: torch.Tensor          # fp32 [R, 2I] gate | up pre-activations
     a_RI: torch.Tensor            # bf16 [R, I] SwiGLU output
@@ -38,55 +41,78 @@ class FastContext:
     a_s_TS: torch.Tensor | None = None    # bf16 [T, S]
 
 
-def run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
-                routed_down, dims, capacity: int | None = None):
-    """Forward with validated inputs; dims = (T, H, I, S, E, K). `capacity`: row buffer size
-    (default T*K, the dropless worst case); a smaller one makes the device flag rows that do not fit."""
-    T, H, I, S, E, K = dims
-    dev = x.device
-    R = T * K if capacity is None else capacity
-    i32 = dict(dtype=torch.int32, device=dev)
-    offsets = torch.empty(2 * E + 1, **i32)
-    row_pair = torch.empty(max(R, 1), **i32)
-    pair_row = torch.empty(T * K, **i32)
-    flag = torch.empty(1, **i32)
-    _lib.schedule(topk_idx, E, 0, E, R, offsets, row_pair, pair_row, flag)
-    n_rows_ptr = offsets.data_ptr() + E * 4  # device pointer to offsets[E] = rows placed
+def _empty(dev, dtype, *shape):
+    return torch.empty(shape, dtype=dtype, device=dev)
 
-    x_RH = torch.empty(R, H, dtype=torch.bfloat16, device=dev)
-    _lib.gather_rows(x, row_pair, offsets, E, K, R, x_RH)
 
-    gu = torch.empty(R, 2 * I, dtype=torch.float32, device=dev)
-    segs = [Segment(E, 0, 0, I, H, Operand(x_RH, 0, H, H), Operand(routed_gate, I * H, 0, H),
-                    Operand(gu, 0, 2 * I, 2 * I), offsets=offsets),
-            Segment(E, 0, 0, I, H, Operand(x_RH, 0, H, H), Operand(routed_up, I * H, 0, H),
-                    Operand(gu, 0, 2 * I, 2 * I, elem_offset=I), offsets=offsets)]
-    gu_s = a_s = s_TH = None
+def build_schedule(topk_idx: torch.Tensor, E: int, capacity: int) -> Schedule:
+    """Validate ids, count rows per expert, place pairs in canonical order (csrc/schedule.cu)."""
+    dev = topk_idx.device
+    T, K = topk_idx.shape
+    s = Schedule(_empty(dev, torch.int32, 2 * E + 1), _empty(dev, torch.int32, max(capacity, 1)),
+                 _empty(dev, torch.int32, T * K), _empty(dev, torch.int32, 1))
+    _lib.schedule(topk_idx, E, 0, E, capacity, s.offsets, s.row_pair, s.pair_row, s.flag)
+    return s
+
+
+def gate_up(x_TH, x_RH, sched: Schedule, d: Dims, routed_gate, routed_up, shared_gate, shared_up):
+    """(gu [R, 2I] fp32, gu_s [T, 2S] fp32 or None): routed and shared gate/up GEMMs in one launch."""
+    dev, (T, H, I, S, E) = x_TH.device, (d.T, d.H, d.I, d.S, d.E)
+    gu = _empty(dev, torch.float32, x_RH.shape[0], 2 * I)
+    x_rows = Operand(x_RH, 0, H, H)
+    segs = [Segment.expert_rows(sched.offsets, E, I, H, x_rows, Operand(w, I * H, 0, H),
+                                Operand(gu, 0, 2 * I, 2 * I, offset=half * I))
+            for half, w in enumerate((routed_gate, routed_up))]
+    gu_s = None
     if S:
-        gu_s = torch.empty(T, 2 * S, dtype=torch.float32, device=dev)
-        segs += [Segment(1, 0, 0, S, H, Operand(x, 0, 0, H), Operand(shared_gate, 0, 0, H),
-                         Operand(gu_s, 0, 0, 2 * S), fixed_rows=T),
-                 Segment(1, 0, 0, S, H, Operand(x, 0, 0, H), Operand(shared_up, 0, 0, H),
-                         Operand(gu_s, 0, 0, 2 * S, elem_offset=S), fixed_rows=T)]
+        gu_s = _empty(dev, torch.float32, T, 2 * S)
+        segs += [Segment.all_rows(T, S, H, Operand(x_TH, 0, 0, H), Operand(w, 0, 0, H),
+                                  Operand(gu_s, 0, 0, 2 * S, offset=half * S))
+                 for half, w in enumerate((shared_gate, shared_up))]
     _lib.grouped_gemm(_lib.GEMM_TN_F32, segs, dev)
+    return gu, gu_s
 
-    a_RI = torch.empty(R, I, dtype=torch.bfloat16, device=dev)
-    _lib.swiglu_fwd(gu, 2 * I, n_rows_ptr, 0, I, R, a_RI)
-    if S:
-        a_s = torch.empty(T, S, dtype=torch.bfloat16, device=dev)
-        _lib.swiglu_fwd(gu_s, 2 * S, None, T, S, T, a_s)
 
-    o_RH = torch.empty(R, H, dtype=torch.bfloat16, device=dev)
-    segs = [Segment(E, 0, 0, H, I, Operand(a_RI, 0, I, I), Operand(routed_down, H * I, 0, I),
-                    Operand(o_RH, 0, H, H), offsets=offsets)]
-    if S:
-        s_TH = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-        segs.append(Segment(1, 0, 0, H, S, Operand(a_s, 0, 0, S), Operand(shared_down, 0, 0, S),
-                            Operand(s_TH, 0, 0, H), fixed_rows=T))
+def swiglu(gu, gu_s, sched: Schedule, d: Dims):
+    """(a [R, I] bf16, a_s [T, S] bf16 or None) = bf16(silu(g) * u)."""
+    dev, R = gu.device, gu.shape[0]
+    a = _empty(dev, torch.bfloat16, R, d.I)
+    _lib.swiglu_fwd(gu, sched.offsets, d.E, 0, d.I, R, a)
+    a_s = None
+    if gu_s is not None:
+        a_s = _empty(dev, torch.bfloat16, d.T, d.S)
+        _lib.swiglu_fwd(gu_s, None, 0, d.T, d.S, d.T, a_s)
+    return a, a_s
+
+
+def down(a_RI, a_s, sched: Schedule, d: Dims, routed_down, shared_down):
+    """(o [R, H] bf16, s [T, H] bf16 or None): routed and shared down GEMMs in one launch."""
+    dev, (T, H, I, S, E) = a_RI.device, (d.T, d.H, d.I, d.S, d.E)
+    o = _empty(dev, torch.bfloat16, a_RI.shape[0], H)
+    segs = [Segment.expert_rows(sched.offsets, E, H, I, Operand(a_RI, 0, I, I), Operand(routed_down, H * I, 0, I),
+                                Operand(o, 0, H, H))]
+    s = None
+    if a_s is not None:
+        s = _empty(dev, torch.bfloat16, T, H)
+        segs.append(Segment.all_rows(T, H, S, Operand(a_s, 0, 0, S), Operand(shared_down, 0, 0, S),
+                                     Operand(s, 0, 0, H)))
     _lib.grouped_gemm(_lib.GEMM_TN_BF16, segs, dev)
+    return o, s
 
-    y = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    _lib.combine_fwd(s_TH, o_RH, topk_weight, pair_row, flag, y)
-    ctx = FastContext(T, H, I, S, E, K, x, topk_weight, offsets, pair_row, flag, x_RH, gu, a_RI, o_RH,
+
+def run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
+                routed_down, dims: Dims, capacity: int | None = None):
+    """Forward with validated inputs. `capacity`: row buffer size (default T*K, the dropless worst
+    case); a smaller one makes the device flag rows that do not fit (every output NaN)."""
+    R = dims.T * dims.K if capacity is None else capacity
+    sched = build_schedule(topk_idx, dims.E, R)
+    x_RH = _empty(x.device, torch.bfloat16, R, dims.H)
+    _lib.gather_rows(x, sched.row_pair, sched.offsets, dims.E, dims.K, R, x_RH)
+    gu, gu_s = gate_up(x, x_RH, sched, dims, routed_gate, routed_up, shared_gate, shared_up)
+    a_RI, a_s = swiglu(gu, gu_s, sched, dims)
+    o_RH, s_TH = down(a_RI, a_s, sched, dims, routed_down, shared_down)
+    y = _empty(x.device, torch.bfloat16, dims.T, dims.H)
+    _lib.combine_fwd(s_TH, o_RH, topk_weight, sched.pair_row, sched.flag, y)
+    ctx = FastContext(dims, x, topk_weight, sched, x_RH, gu, a_RI, o_RH,
                       (routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down), gu_s, a_s)
     return y, ctx

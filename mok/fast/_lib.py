@@ -1,10 +1,15 @@
-"""ctypes bindings of the C ABI in csrc/mok_fast.h, taking torch tensors.
+"""The binding to the kernels' C ABI (csrc/mok_fast.h), taking torch tensors.
 
-Every call launches on the current CUDA stream and never synchronises the host.
+One table, `SIGNATURES`, holds every C function's ctypes types; tests/test_fast_binding.py parses
+the header and checks the table, the structs and the enum against it. Every wrapper checks its
+tensors at the boundary (dtype, device, shape, contiguity), launches on the current stream of the
+tensors' device with that device set (the guard), and never synchronises the host.
+Pointer arithmetic is the kernels' business: Python passes base pointers and element offsets.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -12,39 +17,108 @@ import torch
 from ._build import library
 
 GEMM_TN_F32, GEMM_TN_BF16, GEMM_NN_F32, GEMM_NN_BF16, GEMM_TT_F32 = range(5)
+GEMM_KINDS = {"MOK_GEMM_TN_F32": GEMM_TN_F32, "MOK_GEMM_TN_BF16": GEMM_TN_BF16, "MOK_GEMM_NN_F32": GEMM_NN_F32,
+              "MOK_GEMM_NN_BF16": GEMM_NN_BF16, "MOK_GEMM_TT_F32": GEMM_TT_F32}
 MAX_SEGMENTS = 4
+ROUTER_MAX_E = 8192
+
+_i32, _i64, _sz, _vp = ctypes.c_int, ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p
 
 
 class MokOperand(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("expert_stride", ctypes.c_int64),
-                ("row_stride", ctypes.c_int64), ("ld", ctypes.c_int64)]
+    _fields_ = [("base", _vp), ("offset", _i64), ("expert_stride", _i64), ("row_stride", _i64), ("ld", _i64)]
 
 
 class MokSegment(ctypes.Structure):
-    _fields_ = [("num_groups", ctypes.c_int), ("rows_dim", ctypes.c_int), ("fixed_rows", ctypes.c_int),
-                ("m", ctypes.c_int), ("n", ctypes.c_int), ("k", ctypes.c_int),
-                ("offsets", ctypes.c_void_p), ("a", MokOperand), ("b", MokOperand), ("d", MokOperand)]
+    _fields_ = [("num_groups", _i32), ("rows_dim", _i32), ("fixed_rows", _i32), ("m", _i32), ("n", _i32),
+                ("k", _i32), ("offsets", _vp), ("a", MokOperand), ("b", MokOperand), ("d", MokOperand)]
+
+
+# name: (restype, argtypes); pointers and cudaStream_t are c_void_p.
+SIGNATURES = {
+    "mok_last_error": (ctypes.c_char_p, []),
+    "mok_gemm_workspace_bytes": (_sz, [_i32, _i32, _i32]),
+    "mok_grouped_gemm": (_i32, [_i32, ctypes.POINTER(MokSegment), _i32, _vp, _sz, _i32, _vp]),
+    "mok_schedule_scratch_ints": (_sz, [_i32, _i32, _i32]),
+    "mok_schedule": (_i32, [_vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp]),
+    "mok_gather_rows": (_i32, [_vp, _vp, _vp, _i32, _i32, _i32, _i32, _vp, _vp]),
+    "mok_swiglu_fwd": (_i32, [_vp, _i64, _vp, _i32, _i32, _i32, _i32, _vp, _vp]),
+    "mok_combine_fwd": (_i32, [_vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _vp]),
+    "mok_combine_bwd_pre": (_i32, [_vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _vp, _vp]),
+    "mok_swiglu_bwd": (_i32, [_vp, _vp, _i64, _vp, _i32, _i32, _i32, _i32, _vp, _vp]),
+    "mok_combine_bwd_dx": (_i32, [_vp, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _vp]),
+    "mok_zero_empty": (_i32, [_vp, _vp, _i32, _i64, _vp, _vp]),
+    "mok_poison": (_i32, [_vp, _i64, _i32, _vp, _vp]),
+    "mok_router_topk": (_i32, [_vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp]),
+    "mok_router_bwd": (_i32, [_vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp]),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def lib() -> ctypes.CDLL:
+    """The loaded library (built on first use) with every function of `SIGNATURES` typed."""
+    handle = library()
+    for name, (res, args) in SIGNATURES.items():
+        fn = getattr(handle, name)
+        fn.restype, fn.argtypes = res, args
+    return handle
+
+
+# ---------------------------------------------------------------- boundary checks
+
+
+def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device, numel: int | None = None,
+                  shape: tuple | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if numel is not None and t.numel() < numel:
+        raise ValueError(f"{name}: expected at least {numel} elements, got {t.numel()}")
+
+
+def _p(t: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(None if t is None else t.data_ptr())
+
+
+def _call(name: str, device: torch.device, *args) -> None:
+    """Call C function `name` with `device` current and its current stream appended; raise its message."""
+    handle = lib()
+    with torch.cuda.device(device):
+        stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+        rc = getattr(handle, name)(*args, stream)
+    if rc != 0:
+        raise RuntimeError(f"mok.fast {name} failed: {handle.mok_last_error().decode()}")
+
+
+# ---------------------------------------------------------------- grouped GEMMs
 
 
 @dataclass
 class Operand:
-    """Matrix operand of a grouped GEMM: group e uses
-    ``tensor + elem_offset + e * expert_stride + row_offset(e) * row_stride`` (elements), leading dim `ld`."""
+    """Matrix operand of a grouped GEMM: group e starts at element
+    ``offset + e * expert_stride + row_offset(e) * row_stride`` of `tensor`; leading dimension `ld`."""
     tensor: torch.Tensor
     expert_stride: int
     row_stride: int
     ld: int
-    elem_offset: int = 0
+    offset: int = 0
 
     def c(self) -> MokOperand:
-        ptr = self.tensor.data_ptr() + self.elem_offset * self.tensor.element_size()
-        return MokOperand(ptr, self.expert_stride, self.row_stride, self.ld)
+        return MokOperand(self.tensor.data_ptr(), self.offset, self.expert_stride, self.row_stride, self.ld)
 
 
 @dataclass
 class Segment:
-    """`num_groups` GEMMs; rows(e) from offsets (int32 [>= num_groups + 1]) or `fixed_rows`,
-    placed in M (rows_dim=0) or K (rows_dim=2); the other two dims are the constants m, n, k."""
+    """`num_groups` GEMMs sharing one formula. rows(e) come from `offsets` (int32 [>= num_groups + 1])
+    or are `fixed_rows`, and are the M (rows_dim=0) or the K (rows_dim=2) of each GEMM; the other two
+    sizes are the constants m, n, k. Build one with the named constructors below."""
     num_groups: int
     rows_dim: int
     m: int
@@ -56,124 +130,201 @@ class Segment:
     offsets: torch.Tensor | None = None
     fixed_rows: int = 0
 
+    @classmethod
+    def expert_rows(cls, offsets: torch.Tensor, groups: int, n: int, k: int, a: Operand, b: Operand, d: Operand):
+        """Per-expert GEMM whose M is the expert's routed rows: D_e [rows(e), n] = A_e [rows(e), k] · B_e."""
+        return cls(groups, 0, 0, n, k, a, b, d, offsets=offsets)
+
+    @classmethod
+    def all_rows(cls, rows: int, n: int, k: int, a: Operand, b: Operand, d: Operand):
+        """One GEMM over a fixed row count (the shared expert, the router): D [rows, n] = A [rows, k] · B."""
+        return cls(1, 0, 0, n, k, a, b, d, fixed_rows=rows)
+
+    @classmethod
+    def expert_wgrad(cls, offsets: torch.Tensor, groups: int, m: int, n: int, a: Operand, b: Operand, d: Operand):
+        """Per-expert weight gradient, reduced over the expert's routed rows in order: D_e [m, n] = A_eᵀ B_e."""
+        return cls(groups, 2, m, n, 0, a, b, d, offsets=offsets)
+
+    @classmethod
+    def all_wgrad(cls, rows: int, m: int, n: int, a: Operand, b: Operand, d: Operand):
+        """Weight gradient reduced over a fixed row count in order: D [m, n] = Aᵀ B."""
+        return cls(1, 2, m, n, 0, a, b, d, fixed_rows=rows)
+
     def c(self) -> MokSegment:
-        off = self.offsets.data_ptr() if self.offsets is not None else None
         return MokSegment(self.num_groups, self.rows_dim, self.fixed_rows, self.m, self.n, self.k,
-                          off, self.a.c(), self.b.c(), self.d.c())
+                          _p(self.offsets), self.a.c(), self.b.c(), self.d.c())
 
 
-def _stream(device: torch.device) -> ctypes.c_void_p:
-    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
-
-
-def _p(t: torch.Tensor | None, elem_offset: int = 0) -> ctypes.c_void_p:
-    if t is None:
-        return ctypes.c_void_p(None)
-    return ctypes.c_void_p(t.data_ptr() + elem_offset * t.element_size())
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        msg = library().mok_last_error().decode()
-        raise RuntimeError(f"mok.fast {what} failed: {msg}")
-
-
-def _setup(lib: ctypes.CDLL) -> None:
-    if getattr(lib, "_mok_typed", False):
-        return
-    lib.mok_last_error.restype = ctypes.c_char_p
-    lib.mok_gemm_workspace_bytes.restype = ctypes.c_size_t
-    lib.mok_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    lib.mok_grouped_gemm.argtypes = [ctypes.c_int, ctypes.POINTER(MokSegment), ctypes.c_int, ctypes.c_void_p,
-                                     ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    i64 = ctypes.c_int64
-    vp = ctypes.c_void_p
-    ci = ctypes.c_int
-    lib.mok_schedule.argtypes = [vp, ci, ci, ci, ci, ci, ci, vp, vp, vp, vp, vp, vp]
-    lib.mok_schedule_scratch_ints.restype = ctypes.c_size_t
-    lib.mok_schedule_scratch_ints.argtypes = [ci, ci, ci]
-    lib.mok_gather_rows.argtypes = [vp, vp, vp, ci, ci, ci, ci, vp, vp]
-    lib.mok_swiglu_fwd.argtypes = [vp, i64, vp, ci, ci, ci, vp, vp]
-    lib.mok_combine_fwd.argtypes = [vp, vp, vp, vp, vp, ci, ci, ci, vp, vp]
-    lib.mok_combine_bwd_pre.argtypes = [vp, vp, vp, vp, vp, ci, ci, ci, vp, vp, vp]
-    lib.mok_swiglu_bwd.argtypes = [vp, vp, i64, vp, ci, ci, ci, vp, vp]
-    lib.mok_combine_bwd_dx.argtypes = [vp, vp, vp, vp, ci, ci, ci, vp, vp]
-    lib.mok_zero_empty.argtypes = [vp, vp, ci, i64, vp, vp]
-    lib.mok_poison.argtypes = [vp, i64, ci, vp, vp]
-    lib._mok_typed = True
-
-
-def lib() -> ctypes.CDLL:
-    """The typed library handle."""
-    handle = library()
-    _setup(handle)
-    return handle
-
-
-_WS_BYTES: dict[tuple[int, int, int], int] = {}
+@functools.lru_cache(maxsize=None)
+def _workspace_bytes(kind: int, groups: int, device_index: int) -> int:
+    return int(lib().mok_gemm_workspace_bytes(kind, groups, device_index))
 
 
 def grouped_gemm(kind: int, segments: list[Segment], device: torch.device) -> None:
-    """Run one grouped GEMM launch over `segments` (at most 4) on the current stream."""
-    L = lib()
+    """One grouped GEMM launch over `segments` (at most MAX_SEGMENTS) on `device`'s current stream."""
+    if not 1 <= len(segments) <= MAX_SEGMENTS:
+        raise ValueError(f"segments: expected 1 to {MAX_SEGMENTS}, got {len(segments)}")
+    for s in segments:
+        for which in ("a", "b", "d"):
+            t = getattr(s, which).tensor
+            if t.device != device or not t.is_contiguous():
+                raise ValueError(f"segments: operand {which} must be a contiguous tensor on {device}")
+    index = device.index if device.index is not None else torch.cuda.current_device()
     groups = sum(s.num_groups for s in segments)
-    dev = device.index if device.index is not None else torch.cuda.current_device()
-    key = (kind, groups, dev)
-    if key not in _WS_BYTES:
-        _WS_BYTES[key] = int(L.mok_gemm_workspace_bytes(kind, groups, dev))
-    ws = torch.empty(_WS_BYTES[key], dtype=torch.uint8, device=device)
+    ws = torch.empty(_workspace_bytes(kind, groups, index), dtype=torch.uint8, device=device)
     arr = (MokSegment * len(segments))(*[s.c() for s in segments])
-    _check(L.mok_grouped_gemm(kind, arr, len(segments), _p(ws), ws.numel(), dev, _stream(device)), "grouped_gemm")
+    _call("mok_grouped_gemm", device, kind, arr, len(segments), _p(ws), ws.numel(), index)
 
 
-def schedule(topk_idx: torch.Tensor, E: int, e0: int, L_: int, capacity: int, offsets: torch.Tensor,
+# ---------------------------------------------------------------- schedule and per-row kernels
+
+_I32, _I64, _F32, _BF16 = torch.int32, torch.int64, torch.float32, torch.bfloat16
+
+
+def schedule(topk_idx: torch.Tensor, E: int, e0: int, L: int, capacity: int, offsets: torch.Tensor,
              row_pair: torch.Tensor, pair_row: torch.Tensor, flag: torch.Tensor) -> None:
     """Fill offsets (int32 [2L+1]), row_pair (int32 [capacity]), pair_row (int32 [T*K]), flag (int32 [1])."""
+    dev = topk_idx.device
     T, K = topk_idx.shape
-    handle = lib()
-    scratch = torch.empty(int(handle.mok_schedule_scratch_ints(T, K, L_)), dtype=torch.int32,
-                          device=topk_idx.device)
-    _check(handle.mok_schedule(_p(topk_idx), T, K, E, e0, L_, capacity, _p(offsets), _p(row_pair),
-                               _p(pair_row), _p(flag), _p(scratch), _stream(topk_idx.device)), "schedule")
+    _check_tensor("topk_idx", topk_idx, _I64, dev)
+    _check_tensor("offsets", offsets, _I32, dev, shape=(2 * L + 1,))
+    _check_tensor("row_pair", row_pair, _I32, dev, numel=capacity)
+    _check_tensor("pair_row", pair_row, _I32, dev, shape=(T * K,))
+    _check_tensor("flag", flag, _I32, dev, shape=(1,))
+    n = int(lib().mok_schedule_scratch_ints(T, K, L))
+    scratch = torch.empty(n, dtype=_I32, device=dev)
+    _call("mok_schedule", dev, _p(topk_idx), T, K, E, e0, L, capacity, _p(offsets), _p(row_pair), _p(pair_row),
+          _p(flag), _p(scratch))
 
 
-def gather_rows(x_TH, row_pair, offsets, L_, K, capacity, x_RH) -> None:
-    _check(lib().mok_gather_rows(_p(x_TH), _p(row_pair), _p(offsets), L_, K, x_TH.shape[1], capacity,
-                                 _p(x_RH), _stream(x_TH.device)), "gather_rows")
+def gather_rows(x_TH, row_pair, offsets, L, K, capacity, x_RH) -> None:
+    """x_RH[r] = x_TH[row_pair[r] // K] for the rows placed (offsets[L])."""
+    dev = x_TH.device
+    T, H = x_TH.shape
+    _check_tensor("x_TH", x_TH, _BF16, dev)
+    _check_tensor("row_pair", row_pair, _I32, dev, numel=capacity)
+    _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
+    _check_tensor("x_RH", x_RH, _BF16, dev, shape=(capacity, H))
+    _call("mok_gather_rows", dev, _p(x_TH), _p(row_pair), _p(offsets), L, K, H, capacity, _p(x_RH))
 
 
-def swiglu_fwd(gu, ld, n_rows_ptr, fixed_rows, I, capacity, a) -> None:
-    _check(lib().mok_swiglu_fwd(_p(gu), ld, n_rows_ptr, fixed_rows, I, capacity, _p(a),
-                                _stream(gu.device)), "swiglu_fwd")
+def swiglu_fwd(gu, offsets, L, fixed_rows, I, capacity, a) -> None:
+    """a [capacity, I] bf16 = bf16(silu(g) * u) of gu [capacity, 2I] fp32 (g | u), for the rows
+    placed (offsets[L]) or `fixed_rows` when offsets is None."""
+    dev = gu.device
+    _check_tensor("gu", gu, _F32, dev, shape=(capacity, 2 * I))
+    if offsets is not None:
+        _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
+    _check_tensor("a", a, _BF16, dev, shape=(capacity, I))
+    _call("mok_swiglu_fwd", dev, _p(gu), 2 * I, _p(offsets), L, fixed_rows, I, capacity, _p(a))
+
+
+def swiglu_bwd(da, gu, offsets, L, fixed_rows, I, capacity, dgu) -> None:
+    """dgu [capacity, 2I] bf16 = [dg | du] from da [capacity, I] fp32 and gu [capacity, 2I] fp32."""
+    dev = gu.device
+    _check_tensor("da", da, _F32, dev, shape=(capacity, I))
+    _check_tensor("gu", gu, _F32, dev, shape=(capacity, 2 * I))
+    if offsets is not None:
+        _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
+    _check_tensor("dgu", dgu, _BF16, dev, shape=(capacity, 2 * I))
+    _call("mok_swiglu_bwd", dev, _p(da), _p(gu), 2 * I, _p(offsets), L, fixed_rows, I, capacity, _p(dgu))
+
+
+def _check_pairs(dev, T, K, w_TK, pair_row, flag):
+    _check_tensor("topk_weight", w_TK, _F32, dev, shape=(T, K))
+    _check_tensor("pair_row", pair_row, _I32, dev, shape=(T * K,))
+    _check_tensor("flag", flag, _I32, dev, shape=(1,))
 
 
 def combine_fwd(s_TH, o_RH, w_TK, pair_row, flag, y_TH) -> None:
+    """y = bf16(((s + w0*o0) + w1*o1) + ...) per token (s = 0 when s_TH is None)."""
+    dev = y_TH.device
     T, H = y_TH.shape
-    _check(lib().mok_combine_fwd(_p(s_TH), _p(o_RH), _p(w_TK), _p(pair_row), _p(flag), T, w_TK.shape[1], H,
-                                 _p(y_TH), _stream(y_TH.device)), "combine_fwd")
+    K = w_TK.shape[1]
+    _check_tensor("y_TH", y_TH, _BF16, dev)
+    _check_pairs(dev, T, K, w_TK, pair_row, flag)
+    _check_tensor("o_RH", o_RH, _BF16, dev)
+    if s_TH is not None:
+        _check_tensor("s_TH", s_TH, _BF16, dev, shape=(T, H))
+    _call("mok_combine_fwd", dev, _p(s_TH), _p(o_RH), _p(w_TK), _p(pair_row), _p(flag), T, K, H, _p(y_TH))
 
 
 def combine_bwd_pre(dy_TH, o_RH, w_TK, pair_row, flag, d_w_TK, go_RH) -> None:
+    """d_w[t,k] = Σ_h dy[t,h] o_k[h] and go[row(t,k)] = bf16(w[t,k] dy[t])."""
+    dev = dy_TH.device
     T, H = dy_TH.shape
-    _check(lib().mok_combine_bwd_pre(_p(dy_TH), _p(o_RH), _p(w_TK), _p(pair_row), _p(flag), T, w_TK.shape[1],
-                                     H, _p(d_w_TK), _p(go_RH), _stream(dy_TH.device)), "combine_bwd_pre")
-
-
-def swiglu_bwd(da, gu, ld, n_rows_ptr, fixed_rows, I, capacity, dgu) -> None:
-    _check(lib().mok_swiglu_bwd(_p(da), _p(gu), ld, n_rows_ptr, fixed_rows, I, capacity, _p(dgu),
-                                _stream(gu.device)), "swiglu_bwd")
+    K = w_TK.shape[1]
+    _check_tensor("dy_TH", dy_TH, _BF16, dev)
+    _check_pairs(dev, T, K, w_TK, pair_row, flag)
+    _check_tensor("o_RH", o_RH, _BF16, dev)
+    _check_tensor("d_w_TK", d_w_TK, _F32, dev, shape=(T, K))
+    _check_tensor("go_RH", go_RH, _BF16, dev, shape=tuple(o_RH.shape))
+    _call("mok_combine_bwd_pre", dev, _p(dy_TH), _p(o_RH), _p(w_TK), _p(pair_row), _p(flag), T, K, H, _p(d_w_TK),
+          _p(go_RH))
 
 
 def combine_bwd_dx(dxs_TH, dx_RH, pair_row, flag, K, dx_TH) -> None:
+    """d_x = bf16(((dx_s + dx_0) + dx_1) + ...) per token (dx_s = 0 when dxs_TH is None)."""
+    dev = dx_TH.device
     T, H = dx_TH.shape
-    _check(lib().mok_combine_bwd_dx(_p(dxs_TH), _p(dx_RH), _p(pair_row), _p(flag), T, K, H, _p(dx_TH),
-                                    _stream(dx_TH.device)), "combine_bwd_dx")
+    _check_tensor("dx_TH", dx_TH, _BF16, dev)
+    _check_tensor("dx_RH", dx_RH, _BF16, dev)
+    _check_tensor("pair_row", pair_row, _I32, dev, shape=(T * K,))
+    _check_tensor("flag", flag, _I32, dev, shape=(1,))
+    if dxs_TH is not None:
+        _check_tensor("dxs_TH", dxs_TH, _BF16, dev, shape=(T, H))
+    _call("mok_combine_bwd_dx", dev, _p(dxs_TH), _p(dx_RH), _p(pair_row), _p(flag), T, K, H, _p(dx_TH))
 
 
-def zero_empty(d, offsets, L_, per_expert, flag) -> None:
-    _check(lib().mok_zero_empty(_p(d), _p(offsets), L_, per_expert, _p(flag), _stream(d.device)), "zero_empty")
+def zero_empty(d, offsets, L, flag) -> None:
+    """Zero d[e] (fp32 [L, ...]) of every expert e with no rows."""
+    dev = d.device
+    _check_tensor("d", d, _F32, dev)
+    _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
+    _call("mok_zero_empty", dev, _p(d), _p(offsets), L, d[0].numel(), _p(flag))
 
 
 def poison(t, flag) -> None:
-    _check(lib().mok_poison(_p(t), t.numel(), 1 if t.dtype == torch.bfloat16 else 0, _p(flag),
-                            _stream(t.device)), "poison")
+    """Fill t (fp32 or bf16) with NaN when the routing flag is set."""
+    dev = t.device
+    if t.dtype not in (_F32, _BF16):
+        raise TypeError(f"t: expected dtype torch.float32 or torch.bfloat16, got {t.dtype}")
+    _check_tensor("t", t, t.dtype, dev)
+    _check_tensor("flag", flag, _I32, dev, shape=(1,))
+    _call("mok_poison", dev, _p(t), t.numel(), 1 if t.dtype == _BF16 else 0, _p(flag))
+
+
+# ---------------------------------------------------------------- router
+
+
+def router_topk(logits, E: int, K: int, softmax: bool, normalize: bool, scores, topk_idx, topk_w) -> None:
+    """scores [T, E], topk_idx [T, K] int64, topk_w [T, K] from logits [T, ld >= E] fp32."""
+    dev = logits.device
+    T, ld = logits.shape
+    if not 1 <= K <= E <= min(ld, ROUTER_MAX_E):
+        raise ValueError(f"E, K: expected 1 <= K <= E <= {ROUTER_MAX_E} and E <= logits.shape[1], got E={E} K={K}")
+    _check_tensor("logits", logits, _F32, dev)
+    _check_tensor("scores", scores, _F32, dev, shape=(T, E))
+    _check_tensor("topk_idx", topk_idx, _I64, dev, shape=(T, K))
+    _check_tensor("topk_w", topk_w, _F32, dev, shape=(T, K))
+    _call("mok_router_topk", dev, _p(logits), T, E, ld, K, int(softmax), int(normalize), _p(scores), _p(topk_idx),
+          _p(topk_w))
+
+
+def router_bwd(scores, topk_idx, d_w, d_scores, d_logits, softmax: bool, normalize: bool, hl) -> None:
+    """hl [T, 2 * ld_half] bf16: hi | lo parts of the logit gradient (see csrc/mok_fast.h)."""
+    dev = scores.device
+    T, E = scores.shape
+    K = topk_idx.shape[1]
+    ld_half = hl.shape[1] // 2
+    _check_tensor("scores", scores, _F32, dev)
+    _check_tensor("topk_idx", topk_idx, _I64, dev, shape=(T, K))
+    for name, t, shape in (("d_topk_weight", d_w, (T, K)), ("d_scores", d_scores, (T, E)),
+                           ("d_logits", d_logits, (T, E))):
+        if t is not None:
+            _check_tensor(name, t, _F32, dev, shape=shape)
+    _check_tensor("hl", hl, _BF16, dev, shape=(T, 2 * ld_half))
+    if ld_half < E:
+        raise ValueError(f"hl: expected at least {2 * E} columns, got {hl.shape[1]}")
+    _call("mok_router_bwd", dev, _p(scores), _p(topk_idx), _p(d_w), _p(d_scores), _p(d_logits), T, E, K,
+          int(softmax), int(normalize), ld_half, _p(hl))

@@ -1,8 +1,11 @@
-"""Choosing the layer's backend: the CUDA fast path (`mok.fast`) or the bit-exact reference."""
+"""Choosing the layer's backend: the CUDA fast path (`mok.fast`) or the bit-exact reference.
+
+The choice never builds anything: `mok.fast.is_available` says whether the fast path can run, and
+its kernels are compiled on the module's first forward (`ensure_ready`), with a message saying so.
+"""
 
 from __future__ import annotations
 
-import importlib
 import logging
 
 import torch
@@ -13,41 +16,27 @@ _announced: set = set()
 
 
 def fast_status(device: torch.device, *, world_size: int = 1, sizes: tuple = ()) -> tuple[bool, str]:
-    """(usable, reason): whether `mok.fast` can run a layer on `device`.
+    """(usable, reason): whether `mok.fast` can run a layer on `device`, without building it.
 
-    Loads (building on first use) the fast path's library, so "built" means it really loads.
     world_size: the layer's W (the fast path is single-GPU for now). sizes: (H, I, S) to check
     against its alignment rule (multiples of 8; S = 0 allowed).
     """
     if device.type != "cuda":
         return False, f"the layer is on {device}, the fast path needs a CUDA device"
-    cap = torch.cuda.get_device_capability(device)
-    if cap != (9, 0):
-        return False, f"the fast path needs an sm_90 GPU, {device} is sm_{cap[0]}{cap[1]}"
     if world_size != 1:
         return False, f"the fast path has no expert parallelism yet (W = {world_size})"
     if any(v % 8 for v in sizes):
         return False, f"the fast path needs H, I, S multiples of 8, got {tuple(sizes)}"
-    try:
-        fast = importlib.import_module("mok.fast")
-        if not (hasattr(fast, "forward") and hasattr(fast, "backward")):
-            return False, "mok.fast has no forward/backward yet"
-        is_available = getattr(fast, "is_available", None)
-        if callable(is_available):
-            if not is_available():
-                return False, "mok.fast.is_available() is False"
-        else:
-            importlib.import_module("mok.fast._build").library()  # builds or loads; raises if it cannot
-    except Exception as e:  # not built / cannot build / being written
-        return False, f"mok.fast is not usable ({type(e).__name__}: {e})"
-    return True, "sm_90 GPU and mok.fast is built"
+    from ..fast import is_available
+
+    return is_available(device)
 
 
 def resolve(requested: str, device: torch.device, **layer) -> tuple[str, str]:
     """The backend to use for a layer on `device`: ("reference" | "fast", reason).
 
     "auto" picks "fast" when usable, "reference" otherwise; "fast" raises when it cannot run
-    on `device` unless that is the CPU (a module built on the CPU and moved to the GPU later).
+    on `device` unless that is the CPU or meta (a module built there and moved to the GPU later).
     layer: world_size and sizes for `fast_status`.
     """
     if requested not in CHOICES:
@@ -56,10 +45,24 @@ def resolve(requested: str, device: torch.device, **layer) -> tuple[str, str]:
         return "reference", "requested"
     ok, why = fast_status(device, **layer)
     if requested == "fast":
-        if not ok and device.type != "cpu":
+        if not ok and device.type not in ("cpu", "meta"):
             raise ValueError(f"backend: 'fast' cannot run here: {why}")
         return "fast", "requested" if ok else f"requested (not runnable yet: {why})"
     return ("fast", why) if ok else ("reference", why)
+
+
+def ensure_ready(requested: str) -> tuple[bool, str]:
+    """Load (building on first use) the fast path's kernels. (True, "") when ready; for "auto" a failed
+    build gives (False, why) so the caller falls back to the reference; for "fast" it raises."""
+    from ..fast import _build
+
+    try:
+        _build.library()
+    except Exception as e:  # no nvcc / CUTLASS / compiler error: reported, and raised unless "auto"
+        if requested != "auto":
+            raise
+        return False, f"building mok.fast failed ({type(e).__name__}: {e})"
+    return True, ""
 
 
 def announce(requested: str, picked: str, reason: str, device: torch.device) -> None:

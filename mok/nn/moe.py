@@ -7,11 +7,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .. import ops
-from ..reference import comm
-from ..reference.router import SCORES
-from ..reference.validate import check_ep_split
+from ..reference import SCORES, check_ep_split, world
 from . import backend as _backend
+from . import ops
 
 
 class Routing(NamedTuple):
@@ -80,7 +78,7 @@ class MoE(nn.Module):
             raise TypeError(f"dtype: expected torch.float32 or torch.bfloat16, got {dtype}")
         if backend not in _backend.CHOICES:
             raise ValueError(f"backend: expected one of {_backend.CHOICES}, got {backend!r}")
-        W, rank = comm.world(group)
+        W, rank = world(group)
         L = check_ep_split(E, W)
         self.hidden_size, self.intermediate_size, self.num_experts, self.top_k = H, I, E, K
         self.shared_intermediate_size, self.score, self.normalize = S, score, normalize
@@ -129,7 +127,20 @@ class MoE(nn.Module):
         sizes = (self.hidden_size, self.intermediate_size, self.shared_intermediate_size)
         self.backend_in_use, self.backend_reason = _backend.resolve(self.backend, device, world_size=self.world_size,
                                                                     sizes=sizes)
+        self._fast_ready = False
         _backend.announce(self.backend, self.backend_in_use, self.backend_reason, device)
+
+    def _ensure_ready(self) -> None:
+        """Build/load the fast path's kernels on the first forward that needs them (not in __init__
+        or .cuda()); with backend="auto" a failed build falls back to the reference, with a warning."""
+        if self.backend_in_use != "fast" or self._fast_ready or torch.compiler.is_compiling():
+            return
+        ok, why = _backend.ensure_ready(self.backend)
+        if not ok:
+            self.backend_in_use, self.backend_reason = "reference", why
+            _backend.announce(self.backend, self.backend_in_use, why, self.w_router_EH.device)
+            return
+        self._fast_ready = True
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
@@ -153,9 +164,10 @@ class MoE(nn.Module):
             raise ValueError(f"x: expected shape (..., {self.hidden_size}), got {tuple(x.shape)}")
 
     def route(self, x_TH: torch.Tensor) -> Routing:
-        """Router on [T, H] tokens (bf16, or fp32 rounded to bf16): exact-product gate logits, then
-        `mok.reference.route`."""
-        return Routing(*ops.router(x_TH, self.w_router_EH, self.top_k, score=self.score, normalize=self.normalize))
+        """Router on [T, H] tokens (bf16, or fp32 rounded to bf16): gate logits, scores, top-k
+        (`mok.reference.router_forward`, or its GPU version on the fast backend)."""
+        return Routing(*ops.router(x_TH, self.w_router_EH, self.top_k, score=self.score, normalize=self.normalize,
+                                   backend=self.backend_in_use))
 
     def compute_experts(self, x_TH: torch.Tensor, topk_idx_TK: torch.Tensor, topk_weight_TK: torch.Tensor) -> torch.Tensor:
         """The layer (shared + routed experts) on [T, H] tokens (bf16, or fp32 rounded to bf16) with a
@@ -167,7 +179,8 @@ class MoE(nn.Module):
 
     def router_losses(self, routing: Routing) -> RouterLosses:
         """Load-balancing loss and z-loss of `routing` (over its T tokens), deterministic."""
-        return RouterLosses(*ops.router_losses(routing.scores, routing.logits, routing.topk_idx, score=self.score))
+        return RouterLosses(*ops.router_losses(routing.scores, routing.logits, routing.topk_idx, score=self.score,
+                                               backend=self.backend_in_use))
 
     def forward(self, x: torch.Tensor, *, return_router_losses: bool = False):
         """y = MoE(x).
@@ -179,6 +192,7 @@ class MoE(nn.Module):
             y with x's shape and dtype (bf16-valued), or (y, RouterLosses).
         """
         self._check_x(x)
+        self._ensure_ready()
         x_TH = x.reshape(-1, self.hidden_size)  # the ops round to bf16 inside: no bf16 math in the graph
         routing = self.route(x_TH)
         y = self.compute_experts(x_TH, routing.topk_idx, routing.topk_weight).to(x.dtype).view(x.shape)

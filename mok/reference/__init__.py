@@ -1,8 +1,32 @@
-"""Bit-exact pure-PyTorch reference MoE layer (SPEC §2–3, docs/numerics.md)."""
+"""Bit-exact pure-PyTorch reference MoE layer: the contract (docs/layer.md, docs/numerics.md).
 
-from .autograd import MoEFunction, moe
-from .exact import CONTRACT_VERSION
-from .layer import backward, forward
-from .router import route
+Public API (everything else in this package is private):
+- the layer: `forward`, `backward`, `moe` (autograd), `save_context` / `load_context`;
+- the router: `router_forward` / `router_backward` (`gate_logits`, `router_scores`, `route` and their
+  backward passes `route_backward`, `gate_backward`);
+- the bit-defining primitives other parts of mok build on: `tree_sum`, `matmul_exact`,
+  `rows_outer_sum`, `rowwise_dot`, `exp_exact`, `sigmoid_exact`, `silu_exact`, `dsilu_exact`,
+  `log_exact_ge1`, `bf16`, `split_hi_lo`;
+- argument checks: `Dims`, `check_layer_args`, `check_expert_ids`, `check_grad_out`, `check_ep_split`;
+- bit-preserving collectives: `world`, `all_gather_cat`, `all_gather_varlen`, `check_same_across_ranks`.
+"""
 
-__all__ = ["forward", "backward", "moe", "MoEFunction", "route", "CONTRACT_VERSION"]
+from ._autograd import MoEFunction, moe
+from ._comm import all_gather_cat, all_gather_varlen, check_same_across_ranks, world
+from ._context import load_context, save_context, saved_fake
+from ._exact import (CONTRACT_VERSION, bf16, dsilu_exact, exp_exact, log_exact_ge1, matmul_exact, rows_outer_sum,
+                     rowwise_dot, sigmoid_exact, silu_exact, tree_sum)
+from ._layer import Ctx, backward, forward
+from ._router import (SCORES, gate_backward, gate_logits, route, route_backward, router_backward, router_forward,
+                      router_scores, split_hi_lo)
+from ._validate import Dims, check_ep_split, check_expert_ids, check_grad_out, check_layer_args
+
+__all__ = [
+    "forward", "backward", "moe", "MoEFunction", "Ctx", "save_context", "load_context", "saved_fake",
+    "gate_logits", "gate_backward", "router_scores", "route", "route_backward", "router_forward", "router_backward",
+    "split_hi_lo", "SCORES",
+    "tree_sum", "matmul_exact", "rows_outer_sum", "rowwise_dot", "exp_exact", "sigmoid_exact", "silu_exact",
+    "dsilu_exact", "log_exact_ge1", "bf16", "CONTRACT_VERSION",
+    "Dims", "check_layer_args", "check_expert_ids", "check_grad_out", "check_ep_split",
+    "world", "all_gather_cat", "all_gather_varlen", "check_same_across_ranks",
+]

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import mok.fast
-from mok.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
 from mok.fast._checks import check_inputs
 from mok.fast._forward import run_forward
-from mok.runner import run_layer
+from mok.harness.runner import run_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

@@ -1,12 +1,12 @@
 """Bitwise properties of mok.fast (SPEC §4): reruns, CUDA-graph replay, other streams, batch
-invariance. Comparisons are on raw bits (mok.bits.assert_bitwise_equal)."""
+invariance. Comparisons are on raw bits (mok.harness.bits.assert_bitwise_equal)."""
 import pytest
 import torch
 
 import mok.fast
-from mok.bits import assert_bitwise_equal
-from mok.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
-from mok.runner import run_layer
+from mok.harness.bits import assert_bitwise_equal
+from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.harness.runner import run_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

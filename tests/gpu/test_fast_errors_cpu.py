@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import mok.fast
-from mok.cases import LAYER_ARGS, MoEConfig, make_inputs
+from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
 from mok.fast import _build
 
 

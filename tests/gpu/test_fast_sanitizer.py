@@ -11,8 +11,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
 SCRIPT = """
 import torch, mok.fast
-from mok.cases import MoEConfig, make_inputs
-from mok.runner import run_layer
+from mok.harness.cases import MoEConfig, make_inputs
+from mok.harness.runner import run_layer
 for cfg, routing in [(MoEConfig(T=37, H=64, I=32, E=4, K=2, S=16), "random"),
                      (MoEConfig(T=20, H=64, I=32, E=6, K=2, S=0), "empty_expert")]:
     out = run_layer(make_inputs(cfg, seed=1, routing=routing, device="cuda"), impl=mok.fast)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .reference.router import route
+from ..reference import route
 
 ROUTINGS = ("random", "skewed", "empty_expert", "one_expert")
 

@@ -1,6 +1,6 @@
 """Determinism report: y and all 8 gradients across world sizes, reruns and seeds.
 
-Every run is a fresh set of processes (`mok.dist.run_reference_world`), W = 1 included.
+Every run is a fresh set of processes (`mok.harness.dist.run_reference_world`), W = 1 included.
 """
 
 from __future__ import annotations

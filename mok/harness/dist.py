@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-_PRELOAD = ["torch", "torch.distributed", "mok.runner", "mok.reference"]
+_PRELOAD = ["torch", "torch.distributed", "mok.harness.runner", "mok.reference"]
 
 
 def _worker(rank, world_size, init_file, payload_path, out_dir, threads, device):

@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 
 from .bits import bit_diff
 from .cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
-from .reference.exact import CONTRACT_VERSION
+from ..reference import CONTRACT_VERSION
 
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"  # package data
 INPUT_NAMES = LAYER_ARGS + ("dy",)
 
 _B = dict(H=48, I=24, E=8)  # odd-ish sizes: every tree level has carries

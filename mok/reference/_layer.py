@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import comm
-from .exact import bf16, dsilu_exact, matmul_exact, rows_outer_sum, rowwise_dot, silu_exact
-from .validate import Dims, check_expert_ids, check_grad_out, check_layer_args
+from . import _comm as comm
+from ._exact import bf16, dsilu_exact, matmul_exact, rows_outer_sum, rowwise_dot, silu_exact
+from ._validate import Dims, check_expert_ids, check_grad_out, check_layer_args
 
 
 @dataclass

@@ -162,9 +162,9 @@ __global__ void fill_group_args(typename G::Arrays arr, SegmentList segs) {
   using EA = typename G::ElementA;
   using EB = typename G::ElementB;
   using ED = typename G::ElementD;
-  arr.a[g] = static_cast<const EA*>(s.a.base) + e * s.a.expert_stride + off * s.a.row_stride;
-  arr.b[g] = static_cast<const EB*>(s.b.base) + e * s.b.expert_stride + off * s.b.row_stride;
-  arr.d[g] = static_cast<ED*>(s.d.base) + e * s.d.expert_stride + off * s.d.row_stride;
+  arr.a[g] = static_cast<const EA*>(s.a.base) + s.a.offset + e * s.a.expert_stride + off * s.a.row_stride;
+  arr.b[g] = static_cast<const EB*>(s.b.base) + s.b.offset + e * s.b.expert_stride + off * s.b.row_stride;
+  arr.d[g] = static_cast<ED*>(s.d.base) + s.d.offset + e * s.d.expert_stride + off * s.d.row_stride;
   arr.sa[g] = stride_with_ld<typename G::StrideA>(s.a.ld);
   arr.sb[g] = stride_with_ld<typename G::StrideB>(s.b.ld);
   arr.sd[g] = stride_with_ld<typename G::StrideD>(s.d.ld);

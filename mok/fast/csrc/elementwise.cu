@@ -21,7 +21,14 @@ inline int token_threads(int H) {
 }
 
 __device__ __forceinline__ float nanf_() { return __int_as_float(0x7fc00000); }
-__device__ __forceinline__ float silu_(float g) { return g / (1.0f + expf(-g)); }
+// The one SiLU of the fast path: s = sigmoid(g), silu = g * s, silu' = s * (1 + g * (1 - s)).
+__device__ __forceinline__ float sigmoid_(float g) { return 1.0f / (1.0f + expf(-g)); }
+__device__ __forceinline__ float silu_(float g) { return g * sigmoid_(g); }
+
+// Rows a per-row kernel covers: the schedule's placed rows (offsets[L]) or a fixed count.
+__device__ __forceinline__ int n_rows_(const int* offsets, int L, int fixed_rows) {
+  return offsets ? offsets[L] : fixed_rows;
+}
 
 // 8 bf16 in a 16-byte vector.
 union Vec8 {
@@ -41,11 +48,10 @@ __global__ void gather_rows_k(const uint4* x, const int* row_pair, const int* of
 }
 
 // a[r, i] = bf16(silu(g) * u), g = gu[r, i], u = gu[r, I + i] (fp32, row stride ld); 4 per thread.
-__global__ void swiglu_fwd_k(const float* gu, int64_t ld, const int* n_rows_dev, int fixed_rows,
+__global__ void swiglu_fwd_k(const float* gu, int64_t ld, const int* offsets, int L, int fixed_rows,
                              int I, bf16* a) {
   int r = blockIdx.x;
-  int n = n_rows_dev ? *n_rows_dev : fixed_rows;
-  if (r >= n) return;
+  if (r >= n_rows_(offsets, L, fixed_rows)) return;
   const float* row = gu + (int64_t)r * ld;
   for (int i = 4 * threadIdx.x; i < I; i += 4 * blockDim.x) {
     float4 g = *reinterpret_cast<const float4*>(row + i);
@@ -157,11 +163,10 @@ __global__ void combine_bwd_pre_k(const bf16* dy, const bf16* o, const float* w,
 }
 
 // dg = bf16(da * u * silu'(g)), du = bf16(da * silu(g)); dgu[r] = [dg | du] (row stride 2I).
-__global__ void swiglu_bwd_k(const float* da, const float* gu, int64_t ld, const int* n_rows_dev,
+__global__ void swiglu_bwd_k(const float* da, const float* gu, int64_t ld, const int* offsets, int L,
                              int fixed_rows, int I, bf16* dgu) {
   int r = blockIdx.x;
-  int n = n_rows_dev ? *n_rows_dev : fixed_rows;
-  if (r >= n) return;
+  if (r >= n_rows_(offsets, L, fixed_rows)) return;
   const float* row = gu + (int64_t)r * ld;
   for (int i = 4 * threadIdx.x; i < I; i += 4 * blockDim.x) {
     float4 g4 = *reinterpret_cast<const float4*>(row + i);
@@ -171,7 +176,7 @@ __global__ void swiglu_bwd_k(const float* da, const float* gu, int64_t ld, const
     bf16 dg[4], du[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float sig = 1.0f / (1.0f + expf(-g[j]));
+      float sig = sigmoid_(g[j]);
       float sl = g[j] * sig;
       float dsilu = sig * (1.0f + g[j] * (1.0f - sig));
       dg[j] = __float2bfloat16_rn(d[j] * u[j] * dsilu);
@@ -240,10 +245,10 @@ int mok_gather_rows(const void* x_TH, const int* row_pair, const int* offsets, i
   return 0;
 }
 
-int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* n_rows_dev, int fixed_rows, int I,
+int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* offsets, int L, int fixed_rows, int I,
                    int capacity, void* a, cudaStream_t stream) {
   if (capacity == 0) return 0;
-  swiglu_fwd_k<<<capacity, 256, 0, stream>>>(gu, ld_gu, n_rows_dev, fixed_rows, I,
+  swiglu_fwd_k<<<capacity, 256, 0, stream>>>(gu, ld_gu, offsets, L, fixed_rows, I,
                                              static_cast<bf16*>(a));
   MOK_CHECK_LAUNCH("swiglu_fwd");
   return 0;
@@ -269,10 +274,10 @@ int mok_combine_bwd_pre(const void* dy_TH, const void* o_RH, const float* w_TK,
   return 0;
 }
 
-int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* n_rows_dev,
+int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* offsets, int L,
                    int fixed_rows, int I, int capacity, void* dgu, cudaStream_t stream) {
   if (capacity == 0) return 0;
-  swiglu_bwd_k<<<capacity, 256, 0, stream>>>(da, gu, ld_gu, n_rows_dev, fixed_rows, I,
+  swiglu_bwd_k<<<capacity, 256, 0, stream>>>(da, gu, ld_gu, offsets, L, fixed_rows, I,
                                              static_cast<bf16*>(dgu));
   MOK_CHECK_LAUNCH("swiglu_bwd");
   return 0;

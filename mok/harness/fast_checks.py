@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from ..bits import rel_error
-from ..cases import LAYER_ARGS, OUTPUT_NAMES
-from ..reference.plain import moe_plain
+from .bits import rel_error
+from .cases import LAYER_ARGS, OUTPUT_NAMES
+from .plain import moe_plain
 
 GRAD_OF = {"d_x": "x", "d_topk_weight": "topk_weight", "d_routed_gate": "routed_gate",
            "d_routed_up": "routed_up", "d_routed_down": "routed_down", "d_shared_gate": "shared_gate",

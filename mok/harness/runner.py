@@ -10,7 +10,7 @@ from .cases import LAYER_ARGS, OUTPUT_NAMES
 
 def shard_inputs(inputs: dict, rank: int, world_size: int) -> dict:
     """Rank `rank`'s part of global inputs: its T = N / W tokens and its L = E / W experts."""
-    from .reference.validate import check_ep_split
+    from ..reference import check_ep_split
 
     N = inputs["x"].shape[0]
     L = check_ep_split(inputs["routed_gate"].shape[0], world_size)
@@ -31,7 +31,7 @@ def run_layer(inputs: dict, *, impl=None, group=None) -> dict:
     Returns {name: tensor or None} for OUTPUT_NAMES, on the inputs' device.
     """
     if impl is None:
-        from . import reference as impl
+        from .. import reference as impl
     y, ctx = impl.forward(*(inputs[a] for a in LAYER_ARGS), group=group)
     grads = impl.backward(ctx, inputs["dy"])
     return dict(zip(OUTPUT_NAMES, (y, *grads)))

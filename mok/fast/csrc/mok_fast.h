@@ -1,5 +1,7 @@
-// mok fast path: C ABI shared by the kernels (csrc/*.cu) and the Python loader (mok/fast/_lib.py).
-// Shapes follow SPEC §1: T tokens, H hidden, I routed intermediate, S shared intermediate,
+// mok fast path: C ABI shared by the kernels (csrc/*.cu) and the Python binding (mok/fast/_lib.py,
+// whose table of signatures tests/test_fast_binding.py checks against this header). The kernels
+// trust their arguments: the binding checks every tensor (dtype, device, shape, contiguity) and
+// sets the device before each call. Shapes follow the legend of docs/layer.md: T tokens, H hidden, I routed intermediate, S shared intermediate,
 // E experts, L = E / W local experts, K experts per token. Rows are (token, k) pairs placed in
 // canonical order: by expert, then token index, then k.
 #pragma once
@@ -8,12 +10,14 @@
 #include <cuda_runtime.h>
 
 #define MOK_MAX_SEGMENTS 4
+#define MOK_ROUTER_MAX_E 8192
 
 // One operand of a grouped GEMM. For group g (expert e = g - expert_base, or the shared expert):
-//   pointer = base + e * expert_stride + row_offset(e) * row_stride   (in elements)
+//   pointer = base + offset + e * expert_stride + row_offset(e) * row_stride   (in elements)
 // and ld is the leading dimension (elements) of the matrix as stored.
 struct MokOperand {
   void* base;
+  int64_t offset;
   int64_t expert_stride;
   int64_t row_stride;
   int64_t ld;
@@ -65,18 +69,32 @@ int mok_schedule(const int64_t* topk_idx, int T, int K, int E, int e0, int L, in
 // Elementwise / gather / combine kernels (csrc/elementwise.cu); all bf16 = uint16 storage.
 int mok_gather_rows(const void* x_TH, const int* row_pair, const int* offsets, int L, int K, int H,
                     int capacity, void* x_RH, cudaStream_t stream);
-int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* n_rows_dev, int fixed_rows, int I,
+// SwiGLU rows: offsets[L] of the schedule's offsets (rows placed) when offsets is non-null, else
+// fixed_rows; the grid covers `capacity` rows.
+int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* offsets, int L, int fixed_rows, int I,
                    int capacity, void* a, cudaStream_t stream);
 int mok_combine_fwd(const void* s_TH, const void* o_RH, const float* w_TK, const int* pair_row,
                     const int* flag, int T, int K, int H, void* y_TH, cudaStream_t stream);
 int mok_combine_bwd_pre(const void* dy_TH, const void* o_RH, const float* w_TK,
                         const int* pair_row, const int* flag, int T, int K, int H,
                         float* d_w_TK, void* go_RH, cudaStream_t stream);
-int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* n_rows_dev,
+int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* offsets, int L,
                    int fixed_rows, int I, int capacity, void* dgu, cudaStream_t stream);
 int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_row,
                        const int* flag, int T, int K, int H, void* dx_TH, cudaStream_t stream);
 int mok_zero_empty(float* d, const int* offsets, int L, int64_t per_expert, const int* flag,
                    cudaStream_t stream);
 int mok_poison(void* p, int64_t n, int is_bf16, const int* flag, cudaStream_t stream);
+
+// Router (csrc/router.cu), one warp per token, the reference's formulas and orders.
+// logits [T, ld] fp32 (first E columns used); softmax: 1 = softmax scores, 0 = sigmoid;
+// scores [T, E] fp32, topk_idx [T, K] int64, topk_w [T, K] fp32.
+int mok_router_topk(const float* logits, int T, int E, int ld, int K, int softmax, int normalize,
+                    float* scores, int64_t* topk_idx, float* topk_w, cudaStream_t stream);
+// d_logits of (topk_w, scores) + d_logits_in, as bf16 hi | lo halves: hl [T, 2 * ld_half] bf16,
+// hi in columns [0, E), lo in [ld_half, ld_half + E), zeros in the padding. d_w [T, K],
+// d_scores and d_logits_in [T, E] fp32; each may be null (zeros).
+int mok_router_bwd(const float* scores, const int64_t* topk_idx, const float* d_w, const float* d_scores,
+                   const float* d_logits, int T, int E, int K, int softmax, int normalize, int ld_half,
+                   void* hl, cudaStream_t stream);
 }

@@ -166,6 +166,37 @@ def dsilu_exact(g: torch.Tensor) -> torch.Tensor:
     return s * (1.0 + g * (1.0 - s))
 
 
+# log on [1, inf): x = m * 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m-1)/(m+1);
+# the Cody-Waite split of ln2 is exp_exact's.
+_SQRT2 = 1.41421353816986083984375  # fp32(sqrt 2)
+_ATANH_COEF = (1 / 13, 1 / 11, 1 / 9, 1 / 7, 1 / 5, 1 / 3, 1.0)  # Horner in s², highest first
+
+
+def log_exact_ge1(x: torch.Tensor) -> torch.Tensor:
+    """Natural log of fp32 `x` >= 1 (finite) from basic IEEE operations; NaN stays NaN.
+
+    Only the domain the z-loss needs (a log-sum-exp argument is >= 1). |rel. error| < 1e-7.
+
+    Args:
+        x: any shape, float32, values >= 1.
+    Returns:
+        same shape, float32.
+    """
+    bits = x.view(torch.int32)
+    e = (bits >> 23) - 127
+    m = ((bits & 0x7FFFFF) | (127 << 23)).view(torch.float32)  # [1, 2)
+    big = m > _SQRT2
+    m = torch.where(big, m * 0.5, m)
+    e = (e + big.to(torch.int32)).to(torch.float32)
+    s = (m - 1.0) / (m + 1.0)
+    s2 = s * s
+    p = torch.full_like(s, _ATANH_COEF[0])
+    for c in _ATANH_COEF[1:]:
+        p = p * s2 + c
+    y = e * _LN2_HI + ((2.0 * s) * p + e * _LN2_LO)
+    return torch.where(torch.isnan(x), x, y)
+
+
 def bf16(x: torch.Tensor) -> torch.Tensor:
     """Round fp32 to bfloat16 (IEEE round-to-nearest-even)."""
     return x.to(torch.bfloat16)

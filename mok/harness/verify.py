@@ -115,7 +115,7 @@ def fast_checks(cfg: MoEConfig = DEFAULT, seed: int = 0, reruns: int = 100):
     """mok.fast on the GPU: reruns, batch invariance, and SPEC §4's 2x rule vs the reference."""
     import mok.fast as fast
 
-    from .fast.testing import error_table, plain_outputs
+    from .fast_checks import error_table, plain_outputs
     from .golden import CASES, load_case
     from .runner import run_layer
 

@@ -1,0 +1,134 @@
+"""The fast path's router and router losses.
+
+Router: the gate GEMM (logits = x · Wᵀ) and its two backward GEMMs run through the same CUTLASS
+grouped GEMMs as the layer (fixed tiles, no split-K: bitwise reproducible and batch invariant);
+scores, top-k, renormalisation and the logit gradient run in one kernel each (csrc/router.cu) with
+the reference's formulas, so on the same logits they give the reference's bits. As in the
+reference, the fp32 logit gradient enters the two backward GEMMs as two bf16 parts (hi + lo).
+E is padded to a multiple of 8 inside (16-byte rows for TMA); the padding rows are zero.
+
+Losses: the same definitions as `mok.nn.losses` (load balance E·Σ f_e P_e, z = mean lse²), made of
+a few PyTorch reductions (deterministic on CUDA for fixed shapes; no host synchronisation). Their
+bits are not the reference's.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _lib
+from ._lib import Operand, Segment
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def _padded_rows(w_EH: torch.Tensor, copies: int) -> torch.Tensor:
+    """`copies` copies of w stacked, each padded with zero rows to a multiple of 8: [copies * Ep, H]."""
+    E, H = w_EH.shape
+    Ep = _pad8(E)
+    if Ep == E and copies == 1:
+        return w_EH
+    out = torch.zeros(copies, Ep, H, dtype=w_EH.dtype, device=w_EH.device)
+    out[:, :E] = w_EH
+    return out.view(copies * Ep, H)
+
+
+def router_forward(x_TH: torch.Tensor, w_EH: torch.Tensor, k: int, score: str, normalize: bool):
+    """As `mok.reference.router_forward`, on the GPU.
+
+    Args:
+        x_TH: [T, H] bf16, contiguous, CUDA (H % 8 == 0). w_EH: [E, H] bf16, contiguous, same device.
+        k: 1 <= k <= E. score: "softmax" or "sigmoid". normalize: renormalise the k weights.
+    Returns:
+        (topk_weight [T, k] fp32, topk_idx [T, k] int64, scores [T, E] fp32, logits [T, E] fp32).
+    """
+    T, H = x_TH.shape
+    E = w_EH.shape[0]
+    Ep = _pad8(E)
+    dev = x_TH.device
+    logits_p = torch.empty(T, Ep, dtype=torch.float32, device=dev)
+    if T:
+        _lib.grouped_gemm(_lib.GEMM_TN_F32, [Segment.all_rows(T, Ep, H, Operand(x_TH, 0, 0, H),
+                                                              Operand(_padded_rows(w_EH, 1), 0, 0, H),
+                                                              Operand(logits_p, 0, 0, Ep))], dev)
+    scores = torch.empty(T, E, dtype=torch.float32, device=dev)
+    topk_idx = torch.empty(T, k, dtype=torch.int64, device=dev)
+    topk_w = torch.empty(T, k, dtype=torch.float32, device=dev)
+    _lib.router_topk(logits_p, E, k, score == "softmax", normalize, scores, topk_idx, topk_w)
+    logits = logits_p if Ep == E else logits_p[:, :E].contiguous()
+    return topk_w, topk_idx, scores, logits
+
+
+def router_backward(x_TH, w_EH, scores_TE, topk_idx_TK, d_topk_weight_TK, d_scores_TE, d_logits_TE,
+                    score: str, normalize: bool):
+    """As `mok.reference.router_backward`, on the GPU: (d_x [T, H] bf16, d_w [E, H] fp32)."""
+    T, H = x_TH.shape
+    E = w_EH.shape[0]
+    Ep = _pad8(E)
+    dev = x_TH.device
+    if T == 0:
+        return torch.zeros(0, H, dtype=torch.bfloat16, device=dev), torch.zeros(E, H, dtype=torch.float32, device=dev)
+    hl = torch.empty(T, 2 * Ep, dtype=torch.bfloat16, device=dev)
+    _lib.router_bwd(scores_TE, topk_idx_TK, d_topk_weight_TK, d_scores_TE, d_logits_TE, score == "softmax",
+                    normalize, hl)
+    d_x = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    # d_x = [hi | lo] · [W; W]: one fp32 accumulation over 2Ep
+    _lib.grouped_gemm(_lib.GEMM_NN_BF16, [Segment.all_rows(T, H, 2 * Ep, Operand(hl, 0, 0, 2 * Ep),
+                                                           Operand(_padded_rows(w_EH, 2), 0, 0, H),
+                                                           Operand(d_x, 0, 0, H))], dev)
+    # d_w = hiᵀ x + loᵀ x, each reduced over the T tokens in order
+    d_w2 = torch.empty(2, Ep, H, dtype=torch.float32, device=dev)
+    _lib.grouped_gemm(_lib.GEMM_TT_F32, [
+        Segment.all_wgrad(T, Ep, H, Operand(hl, 0, 0, 2 * Ep, offset=half * Ep), Operand(x_TH, 0, 0, H),
+                          Operand(d_w2, 0, 0, H, offset=half * Ep * H)) for half in (0, 1)], dev)
+    return d_x, d_w2[0, :E] + d_w2[1, :E]
+
+
+# ---------------------------------------------------------------- losses
+
+
+def _fraction(topk_idx_TK: torch.Tensor, E: int) -> torch.Tensor:
+    """f_e = (slots routed to e) / (T * K): [E] fp32, exact integer counts, no host sync."""
+    ids = torch.arange(E, device=topk_idx_TK.device)
+    counts = (topk_idx_TK.reshape(-1, 1) == ids).sum(0)
+    return counts.to(torch.float32) / float(max(1, topk_idx_TK.numel()))
+
+
+def load_balance_loss(scores_TE, topk_idx_TK, score: str) -> torch.Tensor:
+    """E · Σ_e f_e P_e (as `mok.nn.losses.load_balance_loss`): [] fp32."""
+    T, E = scores_TE.shape
+    if T == 0:
+        return scores_TE.new_zeros(())
+    probs = scores_TE if score == "softmax" else scores_TE / scores_TE.sum(1, keepdim=True)
+    return (_fraction(topk_idx_TK, E) * (probs.sum(0) / float(T))).sum() * float(E)
+
+
+def load_balance_loss_backward(d_loss, scores_TE, topk_idx_TK, score: str) -> torch.Tensor:
+    """d load_balance_loss / d scores: [T, E] fp32."""
+    T, E = scores_TE.shape
+    if T == 0:
+        return torch.zeros_like(scores_TE)
+    dq = ((d_loss * float(E)) * _fraction(topk_idx_TK, E) / float(T)).expand(T, E)
+    if score == "softmax":
+        return dq.contiguous()
+    s = scores_TE.sum(1, keepdim=True)
+    return (dq - (scores_TE / s * dq).sum(1, keepdim=True)) / s
+
+
+def z_loss(logits_TE: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of logsumexp(logits)²: [] fp32."""
+    T = logits_TE.shape[0]
+    if T == 0:
+        return logits_TE.new_zeros(())
+    lse = torch.logsumexp(logits_TE, dim=1)
+    return (lse * lse).sum() / float(T)
+
+
+def z_loss_backward(d_loss, logits_TE: torch.Tensor) -> torch.Tensor:
+    """d z_loss / d logits = d · 2 · lse_t / T · softmax(l_t): [T, E] fp32."""
+    T = logits_TE.shape[0]
+    if T == 0:
+        return torch.zeros_like(logits_TE)
+    lse = torch.logsumexp(logits_TE, dim=1, keepdim=True)
+    return ((d_loss * 2.0) * lse / float(T)) * torch.exp(logits_TE - lse)

@@ -1,0 +1,358 @@
+"""The router, the layer and the router losses as `torch.library.custom_op`s, on either backend.
+
+Each op has a fake (meta) implementation and a registered autograd formula, so
+`torch.compile(..., fullgraph=True)` traces them as opaque nodes and a compiled model gives the same
+bits as the eager one. Ops (namespace `mok`):
+  router_fwd / router_bwd         gate + scores + top-k (`mok.reference.router_forward` or `mok.fast`)
+  moe_fwd / moe_bwd               the layer; forward hands backward its context as tensors
+  router_losses_fwd / _bwd        load-balancing loss and z-loss
+
+Backends: "reference" (`mok.reference`, bit-exact on any device) or "fast" (`mok.fast`, CUDA sm_90).
+Each backend saves and loads its own context (`save_context` / `load_context`); with
+`recompute=True` only the inputs are saved and backward runs the forward again.
+
+Weights may be float32 (master weights) or bfloat16. float32 ones are rounded to bf16 once per
+step, in the forward op, and the bf16 copies are saved for backward; bf16 ones are used as they
+are. Weight gradients are computed in float32 and cast to each weight's dtype (no rounding for
+float32 weights). x likewise: float32 x is rounded to bf16 once; d_x comes back in x's dtype.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from . import losses
+
+BACKENDS = ("reference", "fast")
+_WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _group(group_name: Optional[str]):
+    if group_name is None:
+        return None
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name)
+
+
+def group_name(group) -> Optional[str]:
+    """The name the ops take for a process group (None for no expert parallelism)."""
+    return None if group is None else group.group_name
+
+
+def _impl(backend: str):
+    if backend == "reference":
+        return reference
+    if backend == "fast":
+        return importlib.import_module("mok.fast")
+    raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+
+
+def _check_dtype(name: str, t: Optional[Tensor]) -> None:
+    if t is not None and t.dtype not in _WEIGHT_DTYPES:
+        raise TypeError(f"{name}: expected dtype torch.float32 or torch.bfloat16, got {t.dtype}")
+
+
+def _casts(named: list) -> list[Tensor]:
+    """bf16 copies of the float32 tensors among (name, tensor) pairs, in order (None and bf16 skipped)."""
+    for name, t in named:
+        _check_dtype(name, t)
+    return [t.to(torch.bfloat16) for _, t in named if t is not None and t.dtype == torch.float32]
+
+
+def _with_casts(tensors: list, casts) -> list:
+    """`tensors` with each float32 one replaced by the next of `casts` (bf16), None and bf16 kept."""
+    it = iter(casts)
+    return [next(it) if t is not None and t.dtype == torch.float32 else t for t in tensors]
+
+
+def _n_casts(tensors: list) -> int:
+    return sum(t is not None and t.dtype == torch.float32 for t in tensors)
+
+
+def _empty(dtype, device, *shape):
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _or_none(t: Tensor, like: Optional[Tensor]) -> Optional[Tensor]:
+    return None if like is None else t
+
+
+def _none_if_empty(t: Tensor) -> Optional[Tensor]:
+    return None if t.numel() == 0 and t.dim() == 1 else t
+
+
+# ---------------------------------------------------------------- router
+
+
+@torch.library.custom_op("mok::router_fwd", mutates_args=())
+def router_fwd(x: Tensor, weight: Tensor, k: int, score: str, normalize: bool, backend: str) -> list[Tensor]:
+    """[topk_weight, topk_idx, scores, logits, *bf16 copies of float32 x / weight]. See `router`."""
+    if x.dim() != 2:
+        raise ValueError(f"x: expected 2 dimensions [T, H], got shape {tuple(x.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"weight: expected shape (E, {x.shape[1]}), got {tuple(weight.shape)}")
+    casts = _casts([("x", x), ("weight", weight)])
+    x16, w16 = _with_casts([x, weight], casts)
+    out = _impl(backend).router_forward(x16.contiguous(), w16.contiguous(), k, score, normalize)
+    return [*out, *casts]  # a float first (opcheck sums outputs)
+
+
+@router_fwd.register_fake
+def _(x, weight, k, score, normalize, backend):
+    T, E = x.shape[0], weight.shape[0]
+    f32, dev = torch.float32, x.device
+    casts = [torch.empty_like(t, dtype=torch.bfloat16) for t in (x, weight) if t.dtype == torch.float32]
+    return [_empty(f32, dev, T, k), _empty(torch.int64, dev, T, k), _empty(f32, dev, T, E), _empty(f32, dev, T, E),
+            *casts]
+
+
+@torch.library.custom_op("mok::router_bwd", mutates_args=())
+def router_bwd(x: Tensor, weight: Tensor, scores: Tensor, topk_idx: Tensor, d_topk_weight: Optional[Tensor],
+               d_scores: Optional[Tensor], d_logits: Optional[Tensor], score: str, normalize: bool,
+               backend: str) -> tuple[Tensor, Tensor]:
+    """(d_x [T, H] bf16, d_weight [E, H] fp32) from bf16 x and weight (see `router`)."""
+    return _impl(backend).router_backward(x.contiguous(), weight.contiguous(), scores, topk_idx, d_topk_weight,
+                                          d_scores, d_logits, score, normalize)
+
+
+@router_bwd.register_fake
+def _(x, weight, scores, topk_idx, d_topk_weight, d_scores, d_logits, score, normalize, backend):
+    return torch.empty_like(x, dtype=torch.bfloat16), _empty(torch.float32, x.device, *weight.shape)
+
+
+def _router_setup(ctx, inputs, output):
+    x, weight, k, score, normalize, backend = inputs
+    _, topk_idx, scores, _, *casts = output
+    ctx.mark_non_differentiable(topk_idx, *casts)
+    x16, w16 = _with_casts([x, weight], casts)
+    ctx.save_for_backward(x16, w16, scores, topk_idx)
+    ctx.dtypes = (x.dtype, weight.dtype)
+    ctx.args = (score, normalize, backend)
+
+
+def _router_backward(ctx, grads):
+    d_topk_weight, _, d_scores, d_logits = grads[:4]  # topk_idx and the casts get no gradient
+    x16, w16, scores, topk_idx = ctx.saved_tensors
+    d_x, d_w = router_bwd(x16, w16, scores, topk_idx, d_topk_weight, d_scores, d_logits, *ctx.args)
+    return d_x.to(ctx.dtypes[0]), d_w.to(ctx.dtypes[1]), None, None, None, None
+
+
+router_fwd.register_autograd(_router_backward, setup_context=_router_setup)
+
+
+def router(x_TH: Tensor, weight_EH: Tensor, k: int, *, score: str = "softmax", normalize: bool = True,
+           backend: str = "reference"):
+    """Bias-free router gate + scores + top-k, differentiable, compile-safe.
+
+    Args:
+        x_TH: [T, H] bfloat16 tokens, or float32 (rounded to bf16 inside; d_x comes back in x's dtype).
+        weight_EH: [E, H] float32 or bfloat16 gate weight (rounded to bf16 once per step; fp32 gradient
+            for a float32 weight).
+        k: experts per token; score: "softmax" or "sigmoid"; normalize: renormalise the k weights.
+        backend: "reference" (`mok.reference.router_forward`, bit-exact) or "fast" (`mok.fast`, CUDA sm_90).
+    Returns:
+        (topk_idx [T, k] int64, topk_weight [T, k] fp32, scores [T, E] fp32, logits [T, E] fp32);
+        gradients flow from topk_weight, scores and logits to x and weight.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    topk_weight, topk_idx, scores, logits, *_ = router_fwd(x_TH, weight_EH, k, score, normalize, backend)
+    return topk_idx, topk_weight, scores, logits
+
+
+# ---------------------------------------------------------------- the layer
+
+_W_NAMES = ("shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up", "routed_down")
+
+
+def _saves(recompute: bool) -> bool:
+    return not recompute
+
+
+@torch.library.custom_op("mok::moe_fwd", mutates_args=())
+def moe_fwd(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
+            shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
+            routed_down: Tensor, group_name: Optional[str], backend: str, recompute: bool) -> list[Tensor]:
+    """[y, *bf16 copies of the float32 ones among x and the 6 weights, *the backend's saved context]."""
+    weights = [shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
+    casts = _casts([("x", x), *zip(_W_NAMES, weights)])
+    x16, *w16 = _with_casts([x, *weights], casts)
+    impl = _impl(backend)
+    y, ctx = impl.forward(x16, topk_idx, topk_weight, *w16, group=_group(group_name))
+    return [y, *casts, *(impl.save_context(ctx) if _saves(recompute) else [])]
+
+
+@moe_fwd.register_fake
+def _(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down,
+      group_name, backend, recompute):
+    weights = [shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
+    casts = [torch.empty_like(t, dtype=torch.bfloat16) for t in (x, *weights)
+             if t is not None and t.dtype == torch.float32]
+    y = torch.empty_like(x, dtype=torch.bfloat16)
+    if not _saves(recompute):
+        return [y, *casts]
+    W, _ = reference.world(_group(group_name))
+    rows = x.shape[0] * topk_idx.shape[1] if W == 1 else torch.library.get_ctx().new_dynamic_size()
+    saved = _impl(backend).saved_fake(x, topk_idx, tuple(weights[:3]), tuple(weights[3:]), rows)
+    return [y, *casts, *saved]
+
+
+@torch.library.custom_op("mok::moe_bwd", mutates_args=())
+def moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
+            shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
+            routed_down: Tensor, saved: list[Tensor], group_name: Optional[str], backend: str,
+            recompute: bool) -> list[Tensor]:
+    """[d_x, d_topk_weight, d_routed_gate, d_routed_up, d_routed_down, d_shared_gate, d_shared_up,
+    d_shared_down] from bf16 x and weights (weight grads fp32; shared ones empty [0] without a shared expert)."""
+    shared, routed = (shared_gate, shared_up, shared_down), (routed_gate, routed_up, routed_down)
+    group = _group(group_name)
+    impl = _impl(backend)
+    if _saves(recompute):
+        ctx = impl.load_context(saved, x, topk_idx, topk_weight, shared, routed, group)
+    else:
+        _, ctx = impl.forward(x, topk_idx, topk_weight, *shared, *routed, group=group)
+    grads = impl.backward(ctx, dy)
+    return [g if g is not None else _empty(torch.float32, x.device, 0) for g in grads]
+
+
+@moe_bwd.register_fake
+def _(dy, x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down,
+      saved, group_name, backend, recompute):
+    f32 = torch.float32
+
+    def like(w):
+        return _empty(f32, x.device, *w.shape) if w is not None else _empty(f32, x.device, 0)
+
+    return [torch.empty_like(x, dtype=torch.bfloat16), _empty(f32, x.device, *topk_weight.shape), like(routed_gate),
+            like(routed_up), like(routed_down), like(shared_gate), like(shared_up), like(shared_down)]
+
+
+def _moe_setup(ctx, inputs, output):
+    *tensors, group_name, backend, recompute = inputs
+    x, idx, w = tensors[:3]
+    weights = tensors[3:]
+    n = _n_casts([x, *weights])
+    casts, saved = output[1:1 + n], output[1 + n:]
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.has_shared = weights[0] is not None
+    ctx.dtypes = [t.dtype if t is not None else None for t in tensors]
+    x16, *w16 = _with_casts([x, *weights], casts)
+    ctx.save_for_backward(x16, idx, w, *[t if t is not None else x16.new_empty(0) for t in w16], *saved)
+    ctx.args = (group_name, backend, recompute)
+
+
+def _moe_backward(ctx, grads):
+    dy = grads[0]  # the casts and the saved context get no gradient
+    x, idx, w, sg, su, sd, rg, ru, rd, *saved = ctx.saved_tensors
+    if not ctx.has_shared:
+        sg = su = sd = None
+    d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = moe_bwd(
+        dy.contiguous(), x, idx, w, sg, su, sd, rg, ru, rd, saved, *ctx.args)
+    dt = ctx.dtypes
+    shared = [_or_none(g.to(dt[i]), t) for i, g, t in ((3, d_sg, sg), (4, d_su, su), (5, d_sd, sd))]
+    return (d_x.to(dt[0]), None, d_w, *shared, d_rg.to(dt[6]), d_ru.to(dt[7]), d_rd.to(dt[8]), None, None, None)
+
+
+moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
+
+
+def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
+        routed_gate_LIH, routed_up_LIH, routed_down_LHI, *, group=None, backend: str = "reference",
+        recompute: bool = False) -> Tensor:
+    """Differentiable, compile-safe MoE layer (docs/layer.md), the arguments of `mok.reference.forward`.
+
+    Args:
+        x_TH: [T, H] bf16, or fp32 (rounded to bf16 inside; d_x comes back in x's dtype).
+        topk_idx_TK: [T, K] int64; topk_weight_TK: [T, K] fp32.
+        shared_gate_SH, shared_up_SH: [S, H]; shared_down_HS: [H, S]; or all None.
+        routed_gate_LIH, routed_up_LIH: [L, I, H]; routed_down_LHI: [L, H, I].
+            Weights fp32 or bf16 (fp32 ones rounded to bf16 once per step); their gradients are
+            computed in fp32 and cast to each weight's dtype (no rounding for fp32 weights).
+        group: torch.distributed process group for expert parallelism, or None.
+        backend: "reference" or "fast" (`mok.fast`, CUDA sm_90).
+        recompute: save only the inputs; run the forward again in backward (same bits, less memory).
+    Returns:
+        y [T, H] bf16.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if not isinstance(recompute, bool):
+        raise TypeError(f"recompute: expected a bool, got {recompute!r}")
+    out = moe_fwd(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
+                  routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute)
+    return out[0]
+
+
+# ---------------------------------------------------------------- router losses
+
+
+def _losses_impl(backend: str):
+    return losses if backend == "reference" else _impl(backend)
+
+
+@torch.library.custom_op("mok::router_losses_fwd", mutates_args=())
+def router_losses_fwd(scores: Tensor, logits: Tensor, topk_idx: Tensor, score: str,
+                      backend: str) -> tuple[Tensor, Tensor]:
+    """(load_balance [] fp32, z [] fp32). See `router_losses`."""
+    impl = _losses_impl(backend)
+    return impl.load_balance_loss(scores, topk_idx, score), impl.z_loss(logits)
+
+
+@router_losses_fwd.register_fake
+def _(scores, logits, topk_idx, score, backend):
+    return scores.new_empty(()), scores.new_empty(())
+
+
+@torch.library.custom_op("mok::router_losses_bwd", mutates_args=())
+def router_losses_bwd(d_balance: Tensor, d_z: Tensor, scores: Tensor, logits: Tensor, topk_idx: Tensor,
+                      score: str, backend: str) -> tuple[Tensor, Tensor]:
+    """(d_scores [T, E] fp32, d_logits [T, E] fp32)."""
+    impl = _losses_impl(backend)
+    return (impl.load_balance_loss_backward(d_balance, scores, topk_idx, score),
+            impl.z_loss_backward(d_z, logits))
+
+
+@router_losses_bwd.register_fake
+def _(d_balance, d_z, scores, logits, topk_idx, score, backend):
+    return torch.empty_like(scores), torch.empty_like(logits)
+
+
+def _losses_setup(ctx, inputs, output):
+    scores, logits, topk_idx, score, backend = inputs
+    ctx.save_for_backward(scores, logits, topk_idx)
+    ctx.args = (score, backend)
+
+
+def _losses_backward(ctx, d_balance, d_z):
+    scores, logits, topk_idx = ctx.saved_tensors
+    zero = scores.new_zeros(())
+    d_s, d_l = router_losses_bwd(d_balance if d_balance is not None else zero, d_z if d_z is not None else zero,
+                                 scores, logits, topk_idx, *ctx.args)
+    return d_s, d_l, None, None, None
+
+
+router_losses_fwd.register_autograd(_losses_backward, setup_context=_losses_setup)
+
+
+def router_losses(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: Tensor, *, score: str = "softmax",
+                  backend: str = "reference"):
+    """(load-balancing loss, z-loss) of one routing, both [] fp32, deterministic.
+
+    Args:
+        scores_TE, logits_TE: [T, E] fp32 from `router`; topk_idx_TK: [T, K] int64 from `router`.
+        score: the router's score function ("softmax" or "sigmoid").
+        backend: "reference" (`mok.nn.losses`, bit-exact) or "fast" (PyTorch reductions on the GPU,
+            deterministic, not the reference's bits).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    return router_losses_fwd(scores_TE, logits_TE, topk_idx_TK, score, backend)
