@@ -6,6 +6,7 @@ CUDA events (median of --reps after --warmup), and prints ms, TFLOP/s, ratio to 
 the bf16 peak measured in the same run (8192^3 matmul) and peak GPU memory.
 
 Usage: python benchmarks/bench_moe.py [--configs a,b] [--routings random,skewed] [--methods mok,grouped_mm,naive]
+       python benchmarks/bench_moe.py --module   (mok.MoE vs the mok.fast layer vs a plain PyTorch module)
 """
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def git_rev() -> str:
         return os.environ["MOK_COMMIT"]
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "mok/fast", "benchmarks"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "mok", "benchmarks"], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()
         return (rev.stdout.strip() or "uncommitted") + ("+uncommitted changes" if dirty else "")
     except OSError:
@@ -143,6 +144,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", default="")
+    ap.add_argument("--module", action="store_true",
+                    help="time mok.MoE (router + losses + layer) against the layer alone and a plain PyTorch module")
     a = ap.parse_args()
     configs = load_configs(CONFIGS)
     if a.configs:
@@ -152,6 +155,13 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, commit {git_rev()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"bf16 peak (8192^3 matmul, median of 10): {peak:.0f} TFLOP/s")
+    if a.module:
+        import bench_module
+
+        rows = bench_module.run(configs, timed, peak, a.warmup, a.reps)
+        if a.json:
+            Path(a.json).write_text(json.dumps(dict(peak_tflops=peak, rows=rows), indent=1))
+        return
     rows = []
     for c in configs:
         for routing in a.routings.split(","):

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, kernel profile, benchmark, and (optionally) the torch build; logs go
-# under $OUT. Run from the repo root. A carried prebuilt library (.build/libmok_fast.so, built here
-# with `python -m mok.fast._build .build/libmok_fast.so`) is used when present; the `build` step
-# then checks the normal first-use build (torch.utils.cpp_extension.load) and loads that one.
-# Usage: bash benchmarks/device_run.sh [tests] [profile] [bench] [build]
+# One device call: GPU tests, `mok verify --device cuda`, module and layer benchmarks, the GPU training
+# example, kernel profile; logs go under $OUT. Run from the repo root. A carried prebuilt library
+# (.build/libmok_fast.so, built here with `python -m mok.fast._build .build/libmok_fast.so`) is used
+# when present; the `build` step checks the normal first-use build (cpp_extension) instead.
+# Usage: bash benchmarks/device_run.sh [tests] [verify] [module] [bench] [train] [profile] [build]
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -f .build/libmok_fast.so ] && export MOK_FAST_LIB=$PWD/.build/libmok_fast.so
 for step in "$@"; do
   case $step in
-    tests) timeout 150 python -m pytest tests/gpu -q -rA -p no:cacheprovider --timeout 120 2>&1 | tee "$OUT/gpu_fast.log" | tail -3;;
-    profile) timeout 60 python benchmarks/profile_fast.py 2>&1 | grep -v -i warn > "$OUT/profile.log";;
-    bench) timeout 200 python benchmarks/bench_moe.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -14;;
+    tests) timeout 420 python -m pytest tests/gpu -q -rfE -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/gpu_tests.log" | tail -15;;
+    verify) timeout 120 python -m mok.harness.cli verify --device cuda --no-progress 2>&1 | tee "$OUT/verify_cuda.log" | tail -4;;
+    module) timeout 240 python benchmarks/bench_moe.py --module --json "$OUT/module.json" 2>&1 | tee "$OUT/module.log" | tail -8;;
+    bench) timeout 240 python benchmarks/bench_moe.py --methods mok,grouped_mm --routings random --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -9;;
+    train) timeout 240 python examples/train_tiny_moe.py --device cuda --prove --out /tmp/train 2>&1 | tail -12 | tee "$OUT/train.log"; cp /tmp/train/loss_curve.png "$OUT/train_loss_curve.png";;
+    profile) timeout 90 python benchmarks/profile_fast.py 2>&1 | grep -v -i warn > "$OUT/profile.log";;
     build) if ! python -c "import cutlass_library" 2>/dev/null; then
              python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
            fi

@@ -143,9 +143,10 @@ class TinyMoELM(nn.Module):
             h = [h[j] + _attention(_rms(h[j], P[j][pre + "attn_norm"]), P[j][pre + "qkv"], P[j][pre + "proj"], cfg.heads)
                  for j in range(m)]
             x = [_rms(h[j], P[j][pre + "moe_norm"]).reshape(b * s, -1) for j in range(m)]
-            routes = [ops.router(x[j], P[j][pre + "moe.w_router_EH"], cfg.top_k) for j in range(m)]
+            be = blk.moe.backend_in_use  # the fast router and losses on the fast backend
+            routes = [ops.router(x[j], P[j][pre + "moe.w_router_EH"], cfg.top_k, backend=be) for j in range(m)]
             for j, (idx, _, scores, logits) in enumerate(routes):
-                lb, z = ops.router_losses(scores, logits, idx)
+                lb, z = ops.router_losses(scores, logits, idx, backend=be)
                 aux[j] = aux[j] + cfg.aux_coef * lb + cfg.z_coef * z
             y = blk.moe.compute_experts(torch.cat(x), torch.cat([r[0] for r in routes]), torch.cat([r[1] for r in routes]))
             h = [h[j] + y_j.float().view(b, s, -1) for j, y_j in enumerate(y.split(b * s))]

@@ -166,6 +166,7 @@ class MoE(nn.Module):
     def route(self, x_TH: torch.Tensor) -> Routing:
         """Router on [T, H] tokens (bf16, or fp32 rounded to bf16): gate logits, scores, top-k
         (`mok.reference.router_forward`, or its GPU version on the fast backend)."""
+        self._ensure_ready()
         return Routing(*ops.router(x_TH, self.w_router_EH, self.top_k, score=self.score, normalize=self.normalize,
                                    backend=self.backend_in_use))
 
@@ -173,6 +174,7 @@ class MoE(nn.Module):
         """The layer (shared + routed experts) on [T, H] tokens (bf16, or fp32 rounded to bf16) with a
         given routing; y [T, H] bf16.
         With a group, T is this rank's token count (the same on every rank)."""
+        self._ensure_ready()
         return ops.moe(x_TH, topk_idx_TK, topk_weight_TK, self.w_shared_gate_SH, self.w_shared_up_SH,
                        self.w_shared_down_HS, self.w_gate_LIH, self.w_up_LIH, self.w_down_LHI,
                        group=self.group, backend=self.backend_in_use, recompute=self.recompute)
@@ -192,7 +194,6 @@ class MoE(nn.Module):
             y with x's shape and dtype (bf16-valued), or (y, RouterLosses).
         """
         self._check_x(x)
-        self._ensure_ready()
         x_TH = x.reshape(-1, self.hidden_size)  # the ops round to bf16 inside: no bf16 math in the graph
         routing = self.route(x_TH)
         y = self.compute_experts(x_TH, routing.topk_idx, routing.topk_weight).to(x.dtype).view(x.shape)

@@ -1,4 +1,4 @@
-"""compute-sanitizer memcheck and racecheck over a small forward+backward of mok.fast."""
+"""compute-sanitizer memcheck and racecheck over a small forward+backward of mok.fast and its router."""
 import os
 import shutil
 import subprocess
@@ -19,6 +19,10 @@ for cfg, routing in [(MoEConfig(T=37, H=64, I=32, E=4, K=2, S=16), "random"),
 bad = make_inputs(MoEConfig(T=16, H=64, I=32, E=4, K=2, S=16), seed=2, device="cuda")
 bad["topk_idx"][3, 0] = 99
 run_layer(bad, impl=mok.fast)
+x = torch.randn(37, 64, device="cuda").bfloat16()
+w = torch.randn(60, 64, device="cuda").bfloat16()  # E = 60: padded to 64 inside the router
+tw, idx, p, l = mok.fast.router_forward(x, w, 4, "softmax", True)
+mok.fast.router_backward(x, w, p, idx, torch.randn_like(tw), torch.randn_like(p), None, "softmax", True)
 torch.cuda.synchronize()
 print("SANITIZER_SCRIPT_DONE")
 """

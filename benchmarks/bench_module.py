@@ -1,0 +1,116 @@
+"""What a user training through the module pays (`python benchmarks/bench_moe.py --module`).
+
+For each config, one forward+backward of:
+  mok.MoE(backend="fast")  router + both router losses + layer, bf16 and fp32 (master) parameters;
+  mok.fast layer           `mok.fast.forward` + `backward` on the same routing (the floor);
+  plain module             a plain PyTorch MoE: F.linear router, softmax top-k (renormalised), the
+                           grouped_mm path, a Switch load-balancing loss; bf16 parameters, autograd.
+Medians of CUDA-event timings; module / layer is the overhead of everything around the layer.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import mok
+import mok.fast
+from baselines import grouped_mm_path
+
+LAYER_ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down", "routed_gate",
+              "routed_up", "routed_down")
+
+
+class PlainMoE(torch.nn.Module):
+    """What a user would write instead: F.linear router + softmax top-k + the grouped_mm path + aux loss."""
+
+    def __init__(self, H, I, E, K, S, device):
+        super().__init__()
+        g = torch.Generator(device=device).manual_seed(0)
+
+        def p(*shape, fan_in):
+            return torch.nn.Parameter((torch.randn(*shape, generator=g, device=device) * fan_in**-0.5)
+                                      .to(torch.bfloat16))
+
+        self.K = K
+        self.router = p(E, H, fan_in=H)
+        self.gate, self.up, self.down = p(E, I, H, fan_in=H), p(E, I, H, fan_in=H), p(E, H, I, fan_in=I)
+        self.shared = (p(S, H, fan_in=H), p(S, H, fan_in=H), p(H, S, fan_in=S)) if S else (None, None, None)
+        if S:
+            for i, t in enumerate(self.shared):
+                self.register_parameter(f"shared{i}", t)
+
+    def forward(self, x):
+        E = self.router.shape[0]
+        probs = F.linear(x, self.router).float().softmax(-1)
+        w, idx = probs.topk(self.K, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        f = torch.zeros(E, device=x.device).scatter_add_(0, idx.reshape(-1), torch.ones(idx.numel(), device=x.device))
+        aux = E * (f / idx.numel() * probs.mean(0)).sum()
+        return grouped_mm_path(x, idx, w, *self.shared, self.gate, self.up, self.down), aux
+
+
+def _module_step(model, x, dy):
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    y, rl = model(x, return_router_losses=True)
+    ((y * dy).sum() + 0.01 * rl.load_balance + 0.001 * rl.z).backward()
+
+
+def _plain_step(model, x, dy):
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    y, aux = model(x)
+    ((y * dy).sum() + 0.01 * aux).backward()
+
+
+def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
+    """Time the three per config; returns rows and prints one line each."""
+    rows = []
+    for c in configs:
+        T, H, I, E, K, S = (c[k] for k in "THIEKS")
+        flops = 3 * 6 * H * (T * K * I + T * S)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        x = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
+        dy = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16)
+        res = {}
+        for dtype in (torch.bfloat16, torch.float32):
+            torch.manual_seed(0)
+            m = mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=dtype, device="cuda")
+            assert m.backend_in_use == "fast", m.backend_reason
+            res[f"module {str(dtype)[6:]}"] = timed(lambda: _module_step(m, x, dy), warmup, reps)
+            if dtype == torch.bfloat16:
+                with torch.no_grad():
+                    r = m.route(x)
+                inp = {"x": x.detach(), "topk_idx": r.topk_idx, "topk_weight": r.topk_weight,
+                       "shared_gate": m.w_shared_gate_SH, "shared_up": m.w_shared_up_SH,
+                       "shared_down": m.w_shared_down_HS, "routed_gate": m.w_gate_LIH, "routed_up": m.w_up_LIH,
+                       "routed_down": m.w_down_LHI}
+                inp = {k: (v.detach() if v is not None else None) for k, v in inp.items()}
+
+                def layer():
+                    y, ctx = mok.fast.forward(*(inp[a] for a in LAYER_ARGS))
+                    mok.fast.backward(ctx, dy)
+
+                res["layer"] = timed(layer, warmup, reps)
+            del m
+            torch.cuda.empty_cache()
+        plain = PlainMoE(H, I, E, K, S, "cuda")
+        res["plain module"] = timed(lambda: _plain_step(plain, x, dy), warmup, reps)
+        del plain
+        torch.cuda.empty_cache()
+        row = dict(config=c["name"], shape=f"{T},{H},{I},{E},{K},{S}", **{k: v for k, v in res.items()},
+                   tflops={k: flops / v / 1e9 for k, v in res.items()})
+        rows.append(row)
+        print(f"  {c['name']:16s} " + "  ".join(f"{k} {v:7.2f} ms" for k, v in res.items()) +
+              f"  module/layer {res['module bfloat16'] / res['layer']:.3f} (bf16) "
+              f"{res['module float32'] / res['layer']:.3f} (fp32)", flush=True)
+    print()
+    print(f"| config (T,H,I,E,K,S) | mok.MoE fwd+bwd, bf16 params ms | fp32 params ms | mok.fast layer ms | "
+          f"module / layer (bf16 / fp32) | plain PyTorch module ms | mok.MoE bf16 speedup vs plain | "
+          f"mok.MoE bf16 % of peak ({peak:.0f}) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        mb, mf, ly, pl = r["module bfloat16"], r["module float32"], r["layer"], r["plain module"]
+        print(f"| {r['config']} ({r['shape']}) | {mb:.2f} | {mf:.2f} | {ly:.2f} | {mb / ly:.3f} / {mf / ly:.3f} | "
+              f"{pl:.2f} | {pl / mb:.2f}x | {100 * r['tflops']['module bfloat16'] / peak:.0f}% |")
+    return rows

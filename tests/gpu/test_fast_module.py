@@ -1,0 +1,116 @@
+"""`mok.MoE` on the fast backend, as a user trains with it: the forward runs once (backward uses the
+saved context unless recompute=True), weights are cast at most once per step (never when bf16),
+reruns and torch.compile(fullgraph=True) give eager's bits, and the kernels build on the first
+forward, not in the constructor."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mok
+import mok.fast
+from mok.harness.bits import assert_bitwise_equal
+from mok.nn import ops
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
+
+H, I, E, K, S, T = 256, 128, 16, 4, 64, 300
+
+
+def _model(dtype, **kw):
+    torch.manual_seed(0)
+    return mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=dtype, **kw).cuda()
+
+
+def _step(model, x, dy):
+    """One forward+backward with both router losses; every output and gradient."""
+    x = x.detach().clone().requires_grad_()
+    model.zero_grad(set_to_none=True)
+    y, rl = model(x, return_router_losses=True)
+    ((y.float() * dy).sum() + 0.01 * rl.load_balance + 0.001 * rl.z).backward()
+    return {"y": y.detach(), "lb": rl.load_balance.detach(), "z": rl.z.detach(), "d_x": x.grad,
+            **{n: p.grad for n, p in model.named_parameters()}}
+
+
+def _data(x_dtype=torch.bfloat16):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    return (torch.randn(T, H, generator=g, device="cuda").to(x_dtype),
+            torch.randn(T, H, generator=g, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype, recompute, forwards_in_backward", [
+    (torch.bfloat16, False, 0),  # bf16 parameters: the saved context is used
+    (torch.float32, False, 0),   # fp32 master weights: same
+    (torch.bfloat16, True, 1),   # recompute: the forward runs again, by request
+])
+def test_backward_runs_the_forward_only_when_recomputing(monkeypatch, dtype, recompute, forwards_in_backward):
+    model = _model(dtype, recompute=recompute)
+    x, dy = _data()
+    calls = []
+    real = mok.fast.forward
+    monkeypatch.setattr(mok.fast, "forward", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    y, rl = model(x, return_router_losses=True)
+    assert len(calls) == 1
+    ((y.float() * dy).sum() + rl.load_balance).backward()
+    assert len(calls) == 1 + forwards_in_backward
+
+
+@pytest.mark.parametrize("dtype, x_dtype, n_casts", [
+    (torch.bfloat16, torch.bfloat16, 0),  # bf16 everything: no cast at all
+    (torch.float32, torch.bfloat16, 6),   # fp32 master weights: each of the 6 layer weights once
+    (torch.float32, torch.float32, 7),    # fp32 activations too: x once more
+])
+def test_weights_are_cast_once_per_step(dtype, x_dtype, n_casts):
+    model = _model(dtype)
+    x, _ = _data(x_dtype)
+    routing = model.route(x)
+    out = ops.moe_fwd(x, routing.topk_idx, routing.topk_weight, model.w_shared_gate_SH, model.w_shared_up_SH,
+                      model.w_shared_down_HS, model.w_gate_LIH, model.w_up_LIH, model.w_down_LHI, None, "fast", False)
+    assert len(out) == 1 + n_casts + mok.fast._context.N_SAVED
+    for c in out[1:1 + n_casts]:
+        assert c.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # bf16 params / fp32 master weights
+def test_module_reruns_are_bitwise_identical(dtype):
+    model = _model(dtype)
+    x, dy = _data()
+    first = _step(model, x, dy)
+    for i in range(20):
+        again = _step(model, x, dy)
+        for name, t in first.items():
+            assert_bitwise_equal(again[name], t, f"rerun {i}: {name}")
+    assert first["d_w_gate_LIH"].dtype == dtype and first["d_w_router_EH"].dtype == dtype
+
+
+def test_module_batch_invariance_of_y():
+    model = _model(torch.bfloat16)
+    x, _ = _data()
+    with torch.no_grad():
+        y = model(x)
+        for n in (1, 129, 299):
+            assert_bitwise_equal(model(x[:n]), y[:n], f"first {n} tokens")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # bf16 params / fp32 master weights
+def test_compile_fullgraph_equals_eager_bitwise(dtype):
+    torch._dynamo.reset()
+    model = _model(dtype)
+    x, dy = _data()
+    eager = _step(model, x, dy)
+    compiled = _step(torch.compile(model, fullgraph=True), x, dy)
+    for name, t in eager.items():
+        assert_bitwise_equal(compiled[name], t, name)
+
+
+def test_construction_and_cuda_do_not_build():
+    code = ("import time, torch, mok, mok.fast._build as b\n"
+            "t0 = time.time(); m = mok.MoE(256, 128, 16, 4, backend='auto').cuda(); dt = time.time() - t0\n"
+            "assert b._LIB is None, 'built in the constructor'\n"
+            "assert m.backend_in_use == 'fast', m.backend_reason\n"
+            "print(f'{dt:.2f}s', m.backend_reason)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "MOK_FAST_CACHE": "/tmp/mok-empty-cache"})
+    assert r.returncode == 0, r.stderr[-3000:]
