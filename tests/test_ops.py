@@ -38,7 +38,8 @@ def test_opcheck_moe(S, weight_dtype, x_dtype, recompute):
     for i, c in zip(fp32, casts):  # the bf16 copies forward made of fp32 x / weights, once
         assert c.dtype == torch.bfloat16 and torch.equal(c, plain[i].to(torch.bfloat16))
         bf16_args[i] = c
-    torch.library.opcheck(ops.moe_bwd, (dy, *bf16_args, saved, None, "reference", recompute))
+    for bf16_grads in (False, True):  # fp32 weight gradients / bf16 ones (for bf16 parameters)
+        torch.library.opcheck(ops.moe_bwd, (dy, *bf16_args, saved, None, "reference", recompute, bf16_grads))
 
 
 def _detach(t):

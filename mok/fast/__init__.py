@@ -7,6 +7,8 @@ expert-parallel plan. `is_available()` says whether it can run here without buil
 """
 from __future__ import annotations
 
+import torch
+
 from ._backward import run_backward
 from ._build import FastPathUnavailable, is_available
 from ._checks import check_dy, check_group, check_inputs
@@ -42,18 +44,22 @@ def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, route
                        routed_up, routed_down, dims)
 
 
-def backward(ctx: FastContext, dy):
+def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32):
     """MoE backward.
 
     Args:
         ctx: the context returned by `forward` (or rebuilt by `load_context`).
         dy: [T, H] bf16, contiguous, on the forward's device.
+        weight_grad_dtype: torch.float32 (default) or torch.bfloat16 (the fp32 result rounded once, as
+            `.to(torch.bfloat16)` would, without writing it in fp32 first).
     Returns:
-        (d_x [T,H] bf16, d_topk_weight [T,K] fp32, d_routed_gate [E,I,H] fp32, d_routed_up [E,I,H] fp32,
-         d_routed_down [E,H,I] fp32, d_shared_gate [S,H] fp32 | None, d_shared_up [S,H] fp32 | None,
-         d_shared_down [H,S] fp32 | None)
+        (d_x [T,H] bf16, d_topk_weight [T,K] fp32, d_routed_gate [E,I,H], d_routed_up [E,I,H],
+         d_routed_down [E,H,I], d_shared_gate [S,H] | None, d_shared_up [S,H] | None,
+         d_shared_down [H,S] | None), weight gradients in `weight_grad_dtype`.
     """
     if not isinstance(ctx, FastContext):
         raise ValueError(f"ctx: expected the FastContext from mok.fast.forward, got {type(ctx).__name__}")
+    if weight_grad_dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"weight_grad_dtype: expected torch.float32 or torch.bfloat16, got {weight_grad_dtype}")
     check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)
-    return run_backward(ctx, dy)
+    return run_backward(ctx, dy, weight_grad_dtype)

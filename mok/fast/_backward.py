@@ -79,40 +79,43 @@ def d_input_rows(ctx: FastContext, dgu, dgu_s, w_gu, w_gu_s):
     return dx_RH, dxs
 
 
-def weight_grads(ctx: FastContext, dy, go_RH, dgu, dgu_s):
-    """(d_rg, d_ru [E, I, H], d_rd [E, H, I], d_sg, d_su [S, H], d_sd [H, S] or None), fp32, each reduced
-    over its expert's rows in canonical order; experts with no rows get zeros."""
+def weight_grads(ctx: FastContext, dy, go_RH, dgu, dgu_s, dtype=torch.float32):
+    """(d_rg, d_ru [E, I, H], d_rd [E, H, I], d_sg, d_su [S, H], d_sd [H, S] or None) in `dtype` (fp32, or
+    bf16: the fp32 accumulator rounded once), each reduced over its expert's rows in canonical order;
+    experts with no rows get zeros."""
     d, dev, sched = ctx.dims, dy.device, ctx.sched
     H, I, S, T, E = d.H, d.I, d.S, d.T, d.E
-    d_rd = _empty(dev, torch.float32, E, H, I)
-    d_rg = _empty(dev, torch.float32, E, I, H)
-    d_ru = _empty(dev, torch.float32, E, I, H)
+    kind = _lib.GEMM_TT_BF16 if dtype == torch.bfloat16 else _lib.GEMM_TT_F32
+    d_rd = _empty(dev, dtype, E, H, I)
+    d_rg = _empty(dev, dtype, E, I, H)
+    d_ru = _empty(dev, dtype, E, I, H)
     segs = [Segment.expert_wgrad(sched.offsets, E, H, I, Operand(go_RH, 0, H, H), Operand(ctx.a_RI, 0, I, I),
                                  Operand(d_rd, H * I, 0, I))]
     d_sg = d_su = d_sd = None
     if S:
-        d_sd = _empty(dev, torch.float32, H, S)
+        d_sd = _empty(dev, dtype, H, S)
         segs.append(Segment.all_wgrad(T, H, S, Operand(dy, 0, 0, H), Operand(ctx.a_s_TS, 0, 0, S),
                                       Operand(d_sd, 0, 0, S)))
-    _lib.grouped_gemm(_lib.GEMM_TT_F32, segs, dev)
+    _lib.grouped_gemm(kind, segs, dev)
     x_rows = Operand(ctx.x_RH, 0, H, H)
     segs = [Segment.expert_wgrad(sched.offsets, E, I, H, Operand(dgu, 0, 2 * I, 2 * I, offset=half * I), x_rows,
                                  Operand(out, I * H, 0, H))
             for half, out in enumerate((d_rg, d_ru))]
     if S:
-        d_sg = _empty(dev, torch.float32, S, H)
-        d_su = _empty(dev, torch.float32, S, H)
+        d_sg = _empty(dev, dtype, S, H)
+        d_su = _empty(dev, dtype, S, H)
         segs += [Segment.all_wgrad(T, S, H, Operand(dgu_s, 0, 0, 2 * S, offset=half * S), Operand(ctx.x_TH, 0, 0, H),
                                    Operand(out, 0, 0, H))
                  for half, out in enumerate((d_sg, d_su))]
-    _lib.grouped_gemm(_lib.GEMM_TT_F32, segs, dev)
+    _lib.grouped_gemm(kind, segs, dev)
     for g in (d_rg, d_ru, d_rd):
         _lib.zero_empty(g, sched.offsets, E, sched.flag)
     return d_rg, d_ru, d_rd, d_sg, d_su, d_sd
 
 
-def run_backward(ctx: FastContext, dy):
-    """Gradients in the reference's order: d_x, d_topk_weight, routed gate/up/down, shared gate/up/down."""
+def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32):
+    """Gradients in the reference's order: d_x, d_topk_weight, routed gate/up/down, shared gate/up/down
+    (weight gradients in `weight_grad_dtype`)."""
     d: Dims = ctx.dims
     rg, ru, rd, sg, su, sd = ctx.weights
     dev, sched = dy.device, ctx.sched
@@ -137,7 +140,7 @@ def run_backward(ctx: FastContext, dy):
     side.wait_stream(main)
     with torch.cuda.stream(side):  # the d_x combine overlaps the weight-gradient GEMMs
         _lib.combine_bwd_dx(dxs, dx_RH, sched.pair_row, sched.flag, d.K, d_x)
-    grads = weight_grads(ctx, dy, go_RH, dgu, dgu_s)
+    grads = weight_grads(ctx, dy, go_RH, dgu, dgu_s, weight_grad_dtype)
     main.wait_stream(side)
     for g in grads:
         if g is not None:

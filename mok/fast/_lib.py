@@ -16,9 +16,10 @@ import torch
 
 from ._build import library
 
-GEMM_TN_F32, GEMM_TN_BF16, GEMM_NN_F32, GEMM_NN_BF16, GEMM_TT_F32 = range(5)
+GEMM_TN_F32, GEMM_TN_BF16, GEMM_NN_F32, GEMM_NN_BF16, GEMM_TT_F32, GEMM_TT_BF16 = range(6)
 GEMM_KINDS = {"MOK_GEMM_TN_F32": GEMM_TN_F32, "MOK_GEMM_TN_BF16": GEMM_TN_BF16, "MOK_GEMM_NN_F32": GEMM_NN_F32,
-              "MOK_GEMM_NN_BF16": GEMM_NN_BF16, "MOK_GEMM_TT_F32": GEMM_TT_F32}
+              "MOK_GEMM_NN_BF16": GEMM_NN_BF16, "MOK_GEMM_TT_F32": GEMM_TT_F32, "MOK_GEMM_TT_BF16": GEMM_TT_BF16,
+              "MOK_GEMM_NUM_KINDS": 6}
 MAX_SEGMENTS = 4
 ROUTER_MAX_E = 8192
 
@@ -277,11 +278,13 @@ def combine_bwd_dx(dxs_TH, dx_RH, pair_row, flag, K, dx_TH) -> None:
 
 
 def zero_empty(d, offsets, L, flag) -> None:
-    """Zero d[e] (fp32 [L, ...]) of every expert e with no rows."""
+    """Zero d[e] (fp32 or bf16 [L, ...]) of every expert e with no rows."""
     dev = d.device
-    _check_tensor("d", d, _F32, dev)
+    if d.dtype not in (_F32, _BF16):
+        raise TypeError(f"d: expected dtype torch.float32 or torch.bfloat16, got {d.dtype}")
+    _check_tensor("d", d, d.dtype, dev)
     _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
-    _call("mok_zero_empty", dev, _p(d), _p(offsets), L, d[0].numel(), _p(flag))
+    _call("mok_zero_empty", dev, _p(d), _p(offsets), L, d[0].numel() * d.element_size() // 2, _p(flag))
 
 
 def poison(t, flag) -> None:

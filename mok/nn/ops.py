@@ -210,9 +210,10 @@ def _(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate
 def moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
             shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
             routed_down: Tensor, saved: list[Tensor], group_name: Optional[str], backend: str,
-            recompute: bool) -> list[Tensor]:
+            recompute: bool, bf16_weight_grads: bool) -> list[Tensor]:
     """[d_x, d_topk_weight, d_routed_gate, d_routed_up, d_routed_down, d_shared_gate, d_shared_up,
-    d_shared_down] from bf16 x and weights (weight grads fp32; shared ones empty [0] without a shared expert)."""
+    d_shared_down] from bf16 x and weights; weight grads fp32, or bf16 (the fp32 values rounded once) when
+    `bf16_weight_grads`; shared ones empty [0] without a shared expert."""
     shared, routed = (shared_gate, shared_up, shared_down), (routed_gate, routed_up, routed_down)
     group = _group(group_name)
     impl = _impl(backend)
@@ -220,19 +221,25 @@ def moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared
         ctx = impl.load_context(saved, x, topk_idx, topk_weight, shared, routed, group)
     else:
         _, ctx = impl.forward(x, topk_idx, topk_weight, *shared, *routed, group=group)
-    grads = impl.backward(ctx, dy)
-    return [g if g is not None else _empty(torch.float32, x.device, 0) for g in grads]
+    wdt = torch.bfloat16 if bf16_weight_grads else torch.float32
+    if backend == "fast":  # writes bf16 weight gradients straight from its GEMMs
+        grads = list(impl.backward(ctx, dy, weight_grad_dtype=wdt))
+    else:
+        grads = list(impl.backward(ctx, dy))
+        grads[2:] = [g.to(wdt) if g is not None else None for g in grads[2:]]
+    return [g if g is not None else _empty(wdt, x.device, 0) for g in grads]
 
 
 @moe_bwd.register_fake
 def _(dy, x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down,
-      saved, group_name, backend, recompute):
-    f32 = torch.float32
+      saved, group_name, backend, recompute, bf16_weight_grads):
+    wdt = torch.bfloat16 if bf16_weight_grads else torch.float32
 
     def like(w):
-        return _empty(f32, x.device, *w.shape) if w is not None else _empty(f32, x.device, 0)
+        return _empty(wdt, x.device, *w.shape) if w is not None else _empty(wdt, x.device, 0)
 
-    return [torch.empty_like(x, dtype=torch.bfloat16), _empty(f32, x.device, *topk_weight.shape), like(routed_gate),
+    return [torch.empty_like(x, dtype=torch.bfloat16), _empty(torch.float32, x.device, *topk_weight.shape),
+            like(routed_gate),
             like(routed_up), like(routed_down), like(shared_gate), like(shared_up), like(shared_down)]
 
 
@@ -255,9 +262,10 @@ def _moe_backward(ctx, grads):
     x, idx, w, sg, su, sd, rg, ru, rd, *saved = ctx.saved_tensors
     if not ctx.has_shared:
         sg = su = sd = None
-    d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = moe_bwd(
-        dy.contiguous(), x, idx, w, sg, su, sd, rg, ru, rd, saved, *ctx.args)
     dt = ctx.dtypes
+    bf16_grads = all(t in (None, torch.bfloat16) for t in dt[3:])  # every weight bf16: no fp32 gradients
+    d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = moe_bwd(
+        dy.contiguous(), x, idx, w, sg, su, sd, rg, ru, rd, saved, *ctx.args, bf16_grads)
     shared = [_or_none(g.to(dt[i]), t) for i, g, t in ((3, d_sg, sg), (4, d_su, su), (5, d_sd, sd))]
     return (d_x.to(dt[0]), None, d_w, *shared, d_rg.to(dt[6]), d_ru.to(dt[7]), d_rd.to(dt[8]), None, None, None)
 

@@ -31,7 +31,7 @@ def _step(model, x, dy):
     y, rl = model(x, return_router_losses=True)
     ((y.float() * dy).sum() + 0.01 * rl.load_balance + 0.001 * rl.z).backward()
     return {"y": y.detach(), "lb": rl.load_balance.detach(), "z": rl.z.detach(), "d_x": x.grad,
-            **{n: p.grad for n, p in model.named_parameters()}}
+            **{"d_" + n.removeprefix("_orig_mod."): p.grad for n, p in model.named_parameters()}}
 
 
 def _data(x_dtype=torch.bfloat16):
@@ -114,3 +114,16 @@ def test_construction_and_cuda_do_not_build():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "MOK_FAST_CACHE": "/tmp/mok-empty-cache"})
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_bf16_weight_gradients_are_the_fp32_ones_rounded_once():
+    from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
+    inp = make_inputs(MoEConfig(T=300, H=256, I=128, E=16, K=4, S=64), seed=2, routing="empty_expert", device="cuda")
+    _, ctx = mok.fast.forward(*(inp[a] for a in LAYER_ARGS))
+    g32 = mok.fast.backward(ctx, inp["dy"])
+    g16 = mok.fast.backward(ctx, inp["dy"], weight_grad_dtype=torch.bfloat16)
+    assert_bitwise_equal(g16[0], g32[0], "d_x")
+    assert_bitwise_equal(g16[1], g32[1], "d_topk_weight")
+    for i in range(2, 8):  # routed and shared weight gradients, an expert without rows included
+        assert g16[i].dtype == torch.bfloat16
+        assert_bitwise_equal(g16[i], g32[i].to(torch.bfloat16), f"weight gradient {i}")

@@ -213,13 +213,13 @@ __global__ void combine_bwd_dx_k(const bf16* dxs, const bf16* dx, const int* pai
   }
 }
 
-__global__ void zero_empty_k(float* d, const int* offsets, int64_t per_expert) {
+__global__ void zero_empty_k(uint16_t* d, const int* offsets, int64_t per_expert) {
   int e = blockIdx.y;
   if (offsets[e + 1] != offsets[e]) return;
-  float* p = d + e * per_expert;
+  uint16_t* p = d + e * per_expert;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < per_expert;
        i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = 0.0f;
+    p[i] = 0;
 }
 
 __global__ void poison_k(void* p, int64_t n, int is_bf16, const int* flag) {
@@ -293,11 +293,11 @@ int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_ro
   return 0;
 }
 
-int mok_zero_empty(float* d, const int* offsets, int L, int64_t per_expert, const int* flag,
+int mok_zero_empty(void* d, const int* offsets, int L, int64_t per_expert, const int* flag,
                    cudaStream_t stream) {
   (void)flag;
   dim3 grid(64, L);
-  zero_empty_k<<<grid, 256, 0, stream>>>(d, offsets, per_expert);
+  zero_empty_k<<<grid, 256, 0, stream>>>(static_cast<uint16_t*>(d), offsets, per_expert);
   MOK_CHECK_LAUNCH("zero_empty");
   return 0;
 }

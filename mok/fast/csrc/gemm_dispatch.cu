@@ -26,6 +26,7 @@ extern "C" size_t mok_gemm_workspace_bytes(int kind, int groups, int device) {
     case MOK_GEMM_NN_F32: return mok::gemm_nn_f32_workspace_bytes(groups, device);
     case MOK_GEMM_NN_BF16: return mok::gemm_nn_bf16_workspace_bytes(groups, device);
     case MOK_GEMM_TT_F32: return mok::gemm_tt_f32_workspace_bytes(groups, device);
+    case MOK_GEMM_TT_BF16: return mok::gemm_tt_bf16_workspace_bytes(groups, device);
     default: return 0;
   }
 }
@@ -38,6 +39,7 @@ extern "C" int mok_grouped_gemm(int kind, const MokSegment* segs, int n_segs, vo
     case MOK_GEMM_NN_F32: return mok::gemm_nn_f32_run(segs, n_segs, ws, ws_bytes, device, stream);
     case MOK_GEMM_NN_BF16: return mok::gemm_nn_bf16_run(segs, n_segs, ws, ws_bytes, device, stream);
     case MOK_GEMM_TT_F32: return mok::gemm_tt_f32_run(segs, n_segs, ws, ws_bytes, device, stream);
+    case MOK_GEMM_TT_BF16: return mok::gemm_tt_bf16_run(segs, n_segs, ws, ws_bytes, device, stream);
     default: return mok::set_error("unknown gemm kind %d", kind);
   }
 }

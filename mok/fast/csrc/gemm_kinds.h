@@ -13,6 +13,7 @@ MOK_DECLARE_KIND(gemm_tn_bf16)
 MOK_DECLARE_KIND(gemm_nn_f32)
 MOK_DECLARE_KIND(gemm_nn_bf16)
 MOK_DECLARE_KIND(gemm_tt_f32)
+MOK_DECLARE_KIND(gemm_tt_bf16)
 #undef MOK_DECLARE_KIND
 }  // namespace mok
 

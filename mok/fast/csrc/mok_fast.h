@@ -41,7 +41,8 @@ enum MokGemmKind {
   MOK_GEMM_NN_F32 = 2,   // A row-major [M,K], B [K,N] row-major (N-major), D fp32
   MOK_GEMM_NN_BF16 = 3,  // same, D bf16
   MOK_GEMM_TT_F32 = 4,   // A [K,M] row-major (M-major), B [K,N] row-major (N-major), D fp32 (weight grads)
-  MOK_GEMM_NUM_KINDS = 5
+  MOK_GEMM_TT_BF16 = 5,  // same, D bf16 (weight grads of bf16 parameters)
+  MOK_GEMM_NUM_KINDS = 6
 };
 
 extern "C" {
@@ -82,7 +83,9 @@ int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* o
                    int fixed_rows, int I, int capacity, void* dgu, cudaStream_t stream);
 int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_row,
                        const int* flag, int T, int K, int H, void* dx_TH, cudaStream_t stream);
-int mok_zero_empty(float* d, const int* offsets, int L, int64_t per_expert, const int* flag,
+// Zero d[e] for every expert e with no rows; d holds L blocks of per_expert 16-bit words (any dtype
+// whose zero is all-zero bits: fp32 blocks count 2 words per element).
+int mok_zero_empty(void* d, const int* offsets, int L, int64_t per_expert, const int* flag,
                    cudaStream_t stream);
 int mok_poison(void* p, int64_t n, int is_bf16, const int* flag, cudaStream_t stream);
 
