@@ -3,7 +3,7 @@
 # example, kernel profile; logs go under $OUT. Run from the repo root. A carried prebuilt library
 # (.build/libmok_fast.so, built here with `python -m mok.fast._build .build/libmok_fast.so`) is used
 # when present; the `build` step checks the normal first-use build (cpp_extension) instead.
-# Usage: bash benchmarks/device_run.sh [tests] [verify] [module] [bench] [train] [profile] [build]
+# Usage: bash benchmarks/device_run.sh [tests] [verify] [module] [bench] [train] [pmodule] [profile] [build]
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,6 +15,7 @@ for step in "$@"; do
     module) timeout 240 python benchmarks/bench_moe.py --module --json "$OUT/module.json" 2>&1 | tee "$OUT/module.log" | tail -8;;
     bench) timeout 240 python benchmarks/bench_moe.py --methods mok,grouped_mm --routings random --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -9;;
     train) timeout 240 python examples/train_tiny_moe.py --device cuda --prove --out /tmp/train 2>&1 | tail -12 | tee "$OUT/train.log"; cp /tmp/train/loss_curve.png "$OUT/train_loss_curve.png";;
+    pmodule) timeout 120 python benchmarks/profile_module.py ${PROFILE_CONFIG:-qwen3-30b-a3b} 2>&1 | grep -v -i warn > "$OUT/profile_module.log"; head -8 "$OUT/profile_module.log"; grep "GPU busy" "$OUT/profile_module.log";;
     profile) timeout 90 python benchmarks/profile_fast.py 2>&1 | grep -v -i warn > "$OUT/profile.log";;
     build) if ! python -c "import cutlass_library" 2>/dev/null; then
              python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
