@@ -5,7 +5,9 @@ For each config, one forward+backward of:
   mok.fast layer           `mok.fast.forward` + `backward` on the same routing (the floor);
   plain module             a plain PyTorch MoE: F.linear router, softmax top-k (renormalised), the
                            grouped_mm path, a Switch load-balancing loss; bf16 parameters, autograd.
-Medians of CUDA-event timings; module / layer is the overhead of everything around the layer.
+Medians of CUDA-event timings in both modes of `bench_moe.timed`: "stream" (reps back to back, one
+host sync at the end: a training loop) and "sync" (host waits after each rep: an isolated call, CPU
+launch time included). module / layer is the cost of everything around the layer.
 """
 from __future__ import annotations
 
@@ -77,7 +79,8 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
             torch.manual_seed(0)
             m = mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=dtype, device="cuda")
             assert m.backend_in_use == "fast", m.backend_reason
-            res[f"module {str(dtype)[6:]}"] = timed(lambda: _module_step(m, x, dy), warmup, reps)
+            for mode in ("stream", "sync"):
+                res[f"module {str(dtype)[6:]} {mode}"] = timed(lambda: _module_step(m, x, dy), warmup, reps, mode)
             if dtype == torch.bfloat16:
                 with torch.no_grad():
                     r = m.route(x)
@@ -91,26 +94,29 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
                     y, ctx = mok.fast.forward(*(inp[a] for a in LAYER_ARGS))
                     mok.fast.backward(ctx, dy)
 
-                res["layer"] = timed(layer, warmup, reps)
+                for mode in ("stream", "sync"):
+                    res[f"layer {mode}"] = timed(layer, warmup, reps, mode)
             del m
             torch.cuda.empty_cache()
         plain = PlainMoE(H, I, E, K, S, "cuda")
-        res["plain module"] = timed(lambda: _plain_step(plain, x, dy), warmup, reps)
+        for mode in ("stream", "sync"):
+            res[f"plain {mode}"] = timed(lambda: _plain_step(plain, x, dy), warmup, reps, mode)
         del plain
         torch.cuda.empty_cache()
         row = dict(config=c["name"], shape=f"{T},{H},{I},{E},{K},{S}", **{k: v for k, v in res.items()},
                    tflops={k: flops / v / 1e9 for k, v in res.items()})
         rows.append(row)
-        print(f"  {c['name']:16s} " + "  ".join(f"{k} {v:7.2f} ms" for k, v in res.items()) +
-              f"  module/layer {res['module bfloat16'] / res['layer']:.3f} (bf16) "
-              f"{res['module float32'] / res['layer']:.3f} (fp32)", flush=True)
-    print()
-    print(f"| config (T,H,I,E,K,S) | mok.MoE fwd+bwd, bf16 params ms | fp32 params ms | mok.fast layer ms | "
-          f"module / layer (bf16 / fp32) | plain PyTorch module ms | mok.MoE bf16 speedup vs plain | "
-          f"mok.MoE bf16 % of peak ({peak:.0f}) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        mb, mf, ly, pl = r["module bfloat16"], r["module float32"], r["layer"], r["plain module"]
-        print(f"| {r['config']} ({r['shape']}) | {mb:.2f} | {mf:.2f} | {ly:.2f} | {mb / ly:.3f} / {mf / ly:.3f} | "
-              f"{pl:.2f} | {pl / mb:.2f}x | {100 * r['tflops']['module bfloat16'] / peak:.0f}% |")
+        print(f"  {c['name']:16s} " + "  ".join(f"{k} {v:.2f}" for k, v in res.items()), flush=True)
+    for mode in ("stream", "sync"):
+        print()
+        print(f"timing mode: {mode}")
+        print(f"| config (T,H,I,E,K,S) | mok.MoE fwd+bwd, bf16 params ms | fp32 params ms | mok.fast layer ms | "
+              f"module / layer (bf16 / fp32) | plain PyTorch module ms | mok.MoE speedup vs plain (bf16 / fp32) | "
+              f"mok.MoE bf16 % of peak ({peak:.0f}) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            mb, mf = r[f"module bfloat16 {mode}"], r[f"module float32 {mode}"]
+            ly, pl = r[f"layer {mode}"], r[f"plain {mode}"]
+            print(f"| {r['config']} ({r['shape']}) | {mb:.2f} | {mf:.2f} | {ly:.2f} | {mb / ly:.3f} / {mf / ly:.3f} | "
+                  f"{pl:.2f} | {pl / mb:.2f}x / {pl / mf:.2f}x | {100 * r['tflops'][f'module bfloat16 {mode}'] / peak:.0f}% |")
     return rows

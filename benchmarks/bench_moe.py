@@ -59,20 +59,27 @@ def make_bench_inputs(c: dict, routing: str, seed: int = 1) -> dict:
             "routed_up": rnd(E, I, H, fan_in=H), "routed_down": rnd(E, H, I, fan_in=I), "dy": rnd(T, H)}
 
 
-def timed(fn, warmup: int, reps: int) -> float:
-    """Median ms of `fn` over `reps` CUDA-event timings after `warmup` calls."""
+def timed(fn, warmup: int, reps: int, mode: str = "sync") -> float:
+    """Median ms of `fn` over `reps` CUDA-event timings after `warmup` calls.
+
+    mode "sync": the host waits for each rep before starting the next, so a rep also pays the CPU
+    time its launches take before the GPU gets work (latency of one isolated call).
+    mode "stream": reps are queued back to back and the host synchronises once at the end (as
+    triton.testing.do_bench does, and as a training loop runs): a rep's time is the GPU's, plus any
+    gap where the CPU could not launch fast enough.
+    """
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in events:
         a.record()
         fn()
         b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+        if mode == "sync":
+            b.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in events)
 
 
 def bf16_peak_tflops() -> float:

@@ -62,8 +62,17 @@ def main():
               ("layer through mok.nn.ops.moe", layer_op), ("module, no router losses", module(False)),
               ("module + router losses", module(True))]
     print(f"{name} T={T} H={H} I={I} E={E} K={K} S={S}")
+    import time
+    print(f"  {'piece':32s} {'stream ms':>10s} {'sync ms':>10s} {'host ms/call':>12s}")
     for label, fn in pieces:
-        print(f"  {label:32s} {timed(fn, 3, 10):8.3f} ms", flush=True)
+        st, sy = timed(fn, 3, 10, "stream"), timed(fn, 3, 10, "sync")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            fn()
+        host = (time.perf_counter() - t0) / 10 * 1e3  # CPU time per call while the GPU queue is not full
+        torch.cuda.synchronize()
+        print(f"  {label:32s} {st:10.3f} {sy:10.3f} {host:12.3f}", flush=True)
     step = module(True)
     for _ in range(3):
         step()

@@ -52,6 +52,8 @@ SIGNATURES = {
     "mok_poison": (_i32, [_vp, _i64, _i32, _vp, _vp]),
     "mok_router_topk": (_i32, [_vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp]),
     "mok_router_bwd": (_i32, [_vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp]),
+    "mok_balance_scratch_bytes": (_sz, [_i32, _i32]),
+    "mok_balance_stats": (_i32, [_vp, _vp, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp]),
 }
 
 
@@ -331,3 +333,19 @@ def router_bwd(scores, topk_idx, d_w, d_scores, d_logits, softmax: bool, normali
         raise ValueError(f"hl: expected at least {2 * E} columns, got {hl.shape[1]}")
     _call("mok_router_bwd", dev, _p(scores), _p(topk_idx), _p(d_w), _p(d_scores), _p(d_logits), T, E, K,
           int(softmax), int(normalize), ld_half, _p(hl))
+
+
+def balance_stats(scores, topk_idx, normalize_rows: bool):
+    """(psum [E] fp32, counts [E] int32): per expert, the sum over tokens of scores (each row divided by
+    its sum when normalize_rows) and the number of picks; fixed-order sums, integer counts."""
+    dev = scores.device
+    T, E = scores.shape
+    K = topk_idx.shape[1]
+    _check_tensor("scores", scores, _F32, dev)
+    _check_tensor("topk_idx", topk_idx, _I64, dev, shape=(T, K))
+    psum = torch.empty(E, dtype=_F32, device=dev)
+    counts = torch.empty(E, dtype=_I32, device=dev)
+    scratch = torch.empty(int(lib().mok_balance_scratch_bytes(T, E)), dtype=torch.uint8, device=dev)
+    _call("mok_balance_stats", dev, _p(scores), _p(topk_idx), T, E, K, int(normalize_rows), _p(scratch), _p(psum),
+          _p(counts))
+    return psum, counts

@@ -7,9 +7,10 @@ the reference's formulas, so on the same logits they give the reference's bits. 
 reference, the fp32 logit gradient enters the two backward GEMMs as two bf16 parts (hi + lo).
 E is padded to a multiple of 8 inside (16-byte rows for TMA); the padding rows are zero.
 
-Losses: the same definitions as `mok.nn.losses` (load balance E·Σ f_e P_e, z = mean lse²), made of
-a few PyTorch reductions (deterministic on CUDA for fixed shapes; no host synchronisation). Their
-bits are not the reference's.
+Losses: the same definitions as `mok.nn.losses` (load balance E·Σ f_e P_e, z = mean lse²): the
+balance statistics in one deterministic kernel (csrc/router_losses.cu), the rest a few PyTorch
+row-wise reductions (deterministic on CUDA for fixed shapes); no host synchronisation. Their bits are
+not the reference's.
 """
 from __future__ import annotations
 
@@ -88,20 +89,15 @@ def router_backward(x_TH, w_EH, scores_TE, topk_idx_TK, d_topk_weight_TK, d_scor
 # ---------------------------------------------------------------- losses
 
 
-def _fraction(topk_idx_TK: torch.Tensor, E: int) -> torch.Tensor:
-    """f_e = (slots routed to e) / (T * K): [E] fp32, exact integer counts, no host sync."""
-    ids = torch.arange(E, device=topk_idx_TK.device)
-    counts = (topk_idx_TK.reshape(-1, 1) == ids).sum(0)
-    return counts.to(torch.float32) / float(max(1, topk_idx_TK.numel()))
-
-
 def load_balance_loss(scores_TE, topk_idx_TK, score: str) -> torch.Tensor:
-    """E · Σ_e f_e P_e (as `mok.nn.losses.load_balance_loss`): [] fp32."""
+    """E · Σ_e f_e P_e (as `mok.nn.losses.load_balance_loss`): [] fp32. f_e = picks of e / (T·K),
+    P_e = mean over tokens of the token's probability (`_lib.balance_stats`, fixed order)."""
     T, E = scores_TE.shape
     if T == 0:
         return scores_TE.new_zeros(())
-    probs = scores_TE if score == "softmax" else scores_TE / scores_TE.sum(1, keepdim=True)
-    return (_fraction(topk_idx_TK, E) * (probs.sum(0) / float(T))).sum() * float(E)
+    psum, counts = _lib.balance_stats(scores_TE, topk_idx_TK, score != "softmax")
+    f = counts.to(torch.float32) / float(topk_idx_TK.numel())
+    return (f * (psum / float(T))).sum() * float(E)
 
 
 def load_balance_loss_backward(d_loss, scores_TE, topk_idx_TK, score: str) -> torch.Tensor:
@@ -109,7 +105,9 @@ def load_balance_loss_backward(d_loss, scores_TE, topk_idx_TK, score: str) -> to
     T, E = scores_TE.shape
     if T == 0:
         return torch.zeros_like(scores_TE)
-    dq = ((d_loss * float(E)) * _fraction(topk_idx_TK, E) / float(T)).expand(T, E)
+    _, counts = _lib.balance_stats(scores_TE, topk_idx_TK, False)
+    f = counts.to(torch.float32) / float(topk_idx_TK.numel())
+    dq = ((d_loss * float(E)) * f / float(T)).expand(T, E)
     if score == "softmax":
         return dq.contiguous()
     s = scores_TE.sum(1, keepdim=True)

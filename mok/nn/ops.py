@@ -133,6 +133,7 @@ def _router_setup(ctx, inputs, output):
     x, weight, k, score, normalize, backend = inputs
     _, topk_idx, scores, _, *casts = output
     ctx.mark_non_differentiable(topk_idx, *casts)
+    ctx.set_materialize_grads(False)  # no zero tensors for outputs that get no gradient
     x16, w16 = _with_casts([x, weight], casts)
     ctx.save_for_backward(x16, w16, scores, topk_idx)
     ctx.dtypes = (x.dtype, weight.dtype)
@@ -141,6 +142,8 @@ def _router_setup(ctx, inputs, output):
 
 def _router_backward(ctx, grads):
     d_topk_weight, _, d_scores, d_logits = grads[:4]  # topk_idx and the casts get no gradient
+    if d_topk_weight is None and d_scores is None and d_logits is None:
+        return None, None, None, None, None, None
     x16, w16, scores, topk_idx = ctx.saved_tensors
     d_x, d_w = router_bwd(x16, w16, scores, topk_idx, d_topk_weight, d_scores, d_logits, *ctx.args)
     return d_x.to(ctx.dtypes[0]), d_w.to(ctx.dtypes[1]), None, None, None, None
@@ -250,6 +253,7 @@ def _moe_setup(ctx, inputs, output):
     n = _n_casts([x, *weights])
     casts, saved = output[1:1 + n], output[1 + n:]
     ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)  # else autograd fills a zero tensor per saved output (GBs) in backward
     ctx.has_shared = weights[0] is not None
     ctx.dtypes = [t.dtype if t is not None else None for t in tensors]
     x16, *w16 = _with_casts([x, *weights], casts)
@@ -259,6 +263,8 @@ def _moe_setup(ctx, inputs, output):
 
 def _moe_backward(ctx, grads):
     dy = grads[0]  # the casts and the saved context get no gradient
+    if dy is None:
+        return (None,) * 12
     x, idx, w, sg, su, sd, rg, ru, rd, *saved = ctx.saved_tensors
     if not ctx.has_shared:
         sg = su = sd = None
@@ -337,10 +343,13 @@ def _(d_balance, d_z, scores, logits, topk_idx, score, backend):
 def _losses_setup(ctx, inputs, output):
     scores, logits, topk_idx, score, backend = inputs
     ctx.save_for_backward(scores, logits, topk_idx)
+    ctx.set_materialize_grads(False)
     ctx.args = (score, backend)
 
 
 def _losses_backward(ctx, d_balance, d_z):
+    if d_balance is None and d_z is None:
+        return None, None, None, None, None
     scores, logits, topk_idx = ctx.saved_tensors
     zero = scores.new_zeros(())
     d_s, d_l = router_losses_bwd(d_balance if d_balance is not None else zero, d_z if d_z is not None else zero,

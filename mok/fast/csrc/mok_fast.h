@@ -100,4 +100,11 @@ int mok_router_topk(const float* logits, int T, int E, int ld, int K, int softma
 int mok_router_bwd(const float* scores, const int64_t* topk_idx, const float* d_w, const float* d_scores,
                    const float* d_logits, int T, int E, int K, int softmax, int normalize, int ld_half,
                    void* hl, cudaStream_t stream);
+
+// Load-balancing statistics (csrc/router_losses.cu), deterministic: psum [E] fp32 = sum over tokens
+// of scores (divided by their row sum when normalize_rows), counts [E] int32 = picks per expert.
+// scratch: mok_balance_scratch_bytes(T, E) bytes of device memory.
+size_t mok_balance_scratch_bytes(int T, int E);
+int mok_balance_stats(const float* scores, const int64_t* topk_idx, int T, int E, int K, int normalize_rows,
+                      void* scratch, float* psum, int* counts, cudaStream_t stream);
 }
