@@ -73,6 +73,23 @@ def main():
         host = (time.perf_counter() - t0) / 10 * 1e3  # CPU time per call while the GPU queue is not full
         torch.cuda.synchronize()
         print(f"  {label:32s} {st:10.3f} {sy:10.3f} {host:12.3f}", flush=True)
+    from mok.fast import _lib
+    a = torch.randn(256, 256, device="cuda").bfloat16()
+    d = torch.empty(256, 256, device="cuda")
+    seg = [_lib.Segment.all_rows(256, 256, 256, _lib.Operand(a, 0, 0, 256), _lib.Operand(a, 0, 0, 256),
+                                 _lib.Operand(d, 0, 0, 256))]
+    tiny = torch.zeros(4, 16, device="cuda").bfloat16().requires_grad_()
+    wt = torch.zeros(8, 16, device="cuda").bfloat16().requires_grad_()
+    for label, fn in (("grouped_gemm call (tiny)", lambda: _lib.grouped_gemm(_lib.GEMM_TN_F32, seg, a.device)),
+                      ("router_fwd op call (tiny, grad)", lambda: ops.router_fwd(tiny, wt, 2, "softmax", True, "fast"))):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(100):
+            fn()
+        print(f"  host time per {label}: {(time.perf_counter() - t0) * 10:.1f} us", flush=True)
+        torch.cuda.synchronize()
     step = module(True)
     for _ in range(3):
         step()

@@ -93,9 +93,12 @@ def _p(t: torch.Tensor | None) -> ctypes.c_void_p:
 def _call(name: str, device: torch.device, *args) -> None:
     """Call C function `name` with `device` current and its current stream appended; raise its message."""
     handle = lib()
-    with torch.cuda.device(device):
-        stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+    stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+    if device.index == torch.cuda.current_device():
         rc = getattr(handle, name)(*args, stream)
+    else:  # the guard: launch on the tensors' device, not the current one
+        with torch.cuda.device(device):
+            rc = getattr(handle, name)(*args, stream)
     if rc != 0:
         raise RuntimeError(f"mok.fast {name} failed: {handle.mok_last_error().decode()}")
 
