@@ -282,6 +282,27 @@ def test_other_weight_layouts_give_the_standard_layouts_bits(cls):
         assert_bitwise_equal(a, b, name)
 
 
+def test_compiled_fullgraph_gives_eager_bits():
+    """The experts function traces into one graph (mok's layer is an opaque custom op): same y and grads."""
+    experts = _set(_model("qwen3_moe", layers=1).model.layers[0].mlp.experts, "mok").to(torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(20, H, generator=g).bfloat16()
+    idx = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(20)])
+    w = torch.rand(20, 2, generator=g)
+
+    def run(fn):
+        experts.zero_grad()
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = fn(xi, idx, wi)
+        y.float().square().sum().backward()
+        return y, xi.grad, wi.grad, experts.gate_up_proj.grad.clone(), experts.down_proj.grad.clone()
+
+    eager = run(experts)
+    compiled = run(torch.compile(lambda *a: experts(*a), fullgraph=True))
+    for a, b, name in zip(compiled, eager, ("y", "d_x", "d_w", "d_gate_up", "d_down")):
+        assert_bitwise_equal(a, b, name)
+
+
 # ---------------------------------------------------------------- refusals
 
 
