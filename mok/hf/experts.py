@@ -155,8 +155,8 @@ def make_experts_forward(backend: str = "auto", recompute: bool = False):
         if getattr(self, "_is_expert_parallel", False):
             gate, up, down, idx, w = _null_experts(gate, up, down, idx, w, self.num_experts)
         name = _pick(backend, hidden_states.device, H, gate.shape[1])
-        y = ops.moe(hidden_states, idx, w, None, None, None, gate.contiguous(), up.contiguous(), down.contiguous(),
-                    backend=name, recompute=recompute)
+        y = ops.moe(hidden_states.contiguous(), idx.contiguous(), w.contiguous(), None, None, None, gate.contiguous(),
+                    up.contiguous(), down.contiguous(), backend=name, recompute=recompute)  # the fast path's layout
         return y.to(hidden_states.dtype)
 
     return mok_experts_forward
