@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..reference import SCORES, check_ep_split, world
+from . import _init
 from . import backend as _backend
 from . import ops
 
@@ -29,6 +30,20 @@ class RouterLosses(NamedTuple):
     z: torch.Tensor
 
 
+def _mesh_of(group):
+    """`group` if it is a DeviceMesh (1-D), else None."""
+    if group is None or not torch.distributed.is_available():
+        return None
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(group, DeviceMesh):
+        return None
+    if group.ndim != 1:
+        raise ValueError(f"group: expected a process group or a 1-D DeviceMesh (the expert-parallel ranks), "
+                         f"got a {group.ndim}-D DeviceMesh {tuple(group.mesh_dim_names or ())}: pass mesh[\"ep\"]")
+    return group
+
+
 def _positive_int(name: str, v, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
@@ -46,12 +61,16 @@ class MoE(nn.Module):
             The choice is in `self.backend_in_use` (with `self.backend_reason`), re-made when the
             module moves device, and logged once (logger "mok").
         group: torch.distributed process group for expert parallelism (W ranks; this rank holds
-            experts [rank * L, (rank + 1) * L), L = E / W); None for W = 1.
+            experts [rank * L, (rank + 1) * L), L = E / W); None for W = 1. Or a 1-D DeviceMesh over
+            those ranks: the parameters are then DTensors with their global shapes (routed experts
+            Shard(0) [E, ...], router and shared expert Replicate()), for FSDP2 on top and for
+            distributed checkpoints that reload at another W (docs/distributed.md).
         recompute: save only the layer's inputs and recompute its intermediates in backward
             (bitwise the same gradients, less activation memory).
         dtype: parameter dtype, float32 (master weights; default) or bfloat16. The math always
             uses bf16 weights; fp32 parameters receive fp32 gradients.
-        device: parameter device.
+        device: parameter device; "meta" allocates nothing and draws nothing (then `to_empty` and
+            `reset_parameters`).
 
     Parameters (SPEC §1 names): w_router_EH [E, H]; w_gate_LIH, w_up_LIH [L, I, H];
     w_down_LHI [L, H, I]; with S > 0 also w_shared_gate_SH, w_shared_up_SH [S, H], w_shared_down_HS [H, S].
@@ -78,49 +97,64 @@ class MoE(nn.Module):
             raise TypeError(f"dtype: expected torch.float32 or torch.bfloat16, got {dtype}")
         if backend not in _backend.CHOICES:
             raise ValueError(f"backend: expected one of {_backend.CHOICES}, got {backend!r}")
+        mesh = _mesh_of(group)
+        if mesh is not None:
+            group = mesh.get_group()
         W, rank = world(group)
         L = check_ep_split(E, W)
         self.hidden_size, self.intermediate_size, self.num_experts, self.top_k = H, I, E, K
         self.shared_intermediate_size, self.score, self.normalize = S, score, normalize
         self.group, self.world_size, self.rank, self.local_experts = group, W, rank, L
-        self.recompute, self.backend = recompute, backend
+        self.recompute, self.backend, self.mesh = recompute, backend, mesh
 
-        def p(*shape):
-            return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device))
+        def p(*shape, sharded=False):
+            t = torch.empty(*shape, dtype=dtype, device=device)
+            if mesh is not None:
+                from torch.distributed.tensor import DTensor, Replicate, Shard
+
+                t = DTensor.from_local(t, mesh, [Shard(0) if sharded else Replicate()], run_check=False)
+            return nn.Parameter(t)
 
         self.w_router_EH = p(E, H)
-        self.w_gate_LIH, self.w_up_LIH, self.w_down_LHI = p(L, I, H), p(L, I, H), p(L, H, I)
+        self.w_gate_LIH, self.w_up_LIH, self.w_down_LHI = (p(L, I, H, sharded=True), p(L, I, H, sharded=True),
+                                                           p(L, H, I, sharded=True))
         if S:
             self.w_shared_gate_SH, self.w_shared_up_SH, self.w_shared_down_HS = p(S, H), p(S, H), p(H, S)
         else:
             for name in ("w_shared_gate_SH", "w_shared_up_SH", "w_shared_down_HS"):
                 self.register_parameter(name, None)
-        self.reset_parameters()
+        if self.w_router_EH.device.type != "meta":
+            self.reset_parameters()
         self._pick_backend()
 
     # ------------------------------------------------------------ setup
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Normal(0, 1/fan_in) weights drawn on the CPU for all E experts, then this rank's L taken,
-        so one seed gives the same global layer for every W. `generator`: default torch's global one."""
-        H, I, E, S, L, r = (self.hidden_size, self.intermediate_size, self.num_experts,
-                            self.shared_intermediate_size, self.local_experts, self.rank)
+        """Normal(0, 1/fan_in) weights, the same global layer for every W and every sharding (plain,
+        expert-parallel group, DTensor, FSDP2): each rank computes only the values it holds.
 
-        def draw(param, shape, fan_in, local=False):
-            w = torch.randn(*shape, generator=generator) * fan_in**-0.5
-            if local:
-                w = w[r * L : (r + 1) * L]
-            param.copy_(w.to(param.dtype))
-
-        draw(self.w_router_EH, (E, H), H)
-        draw(self.w_gate_LIH, (E, I, H), H, local=True)
-        draw(self.w_up_LIH, (E, I, H), H, local=True)
-        draw(self.w_down_LHI, (E, H, I), I, local=True)
+        generator: None (torch's global CPU generator) or a CPU generator: the values of one CPU draw of
+            each full weight in order (router, gate, up, down, shared gate, up, down), copied to the
+            parameters' device; or a generator on the parameters' device (e.g. CUDA): drawn there, each
+            expert from its own seed (fast, different values from the CPU draw). See `mok.nn._init`.
+        Meta parameters are left as they are.
+        """
+        if self.w_router_EH.device.type == "meta":
+            return
+        H, I, E, S, L = (self.hidden_size, self.intermediate_size, self.num_experts,
+                         self.shared_intermediate_size, self.local_experts)
+        src = _init.Source(generator, self.w_router_EH.device)
+        plan = [("w_router_EH", (E, H), H, False), ("w_gate_LIH", (E, I, H), H, True),
+                ("w_up_LIH", (E, I, H), H, True), ("w_down_LHI", (E, H, I), I, True)]
         if S:
-            draw(self.w_shared_gate_SH, (S, H), H)
-            draw(self.w_shared_up_SH, (S, H), H)
-            draw(self.w_shared_down_HS, (H, S), S)
+            plan += [("w_shared_gate_SH", (S, H), H, False), ("w_shared_up_SH", (S, H), H, False),
+                     ("w_shared_down_HS", (H, S), S, False)]
+        for slot, (name, shape, fan_in, experts) in enumerate(plan):
+            param = getattr(self, name)
+            # a tensor of L experts (plain, or FSDP2's shard of one) starts at this rank's first expert
+            first = self.rank * L if experts and param.shape[0] == L != E else 0
+            src.fill(param, shape, fan_in, slot, experts=experts, row_offset=first)
 
     def _pick_backend(self) -> None:
         device = self.w_router_EH.device
@@ -141,6 +175,20 @@ class MoE(nn.Module):
             _backend.announce(self.backend, self.backend_in_use, why, self.w_router_EH.device)
             return
         self._fast_ready = True
+
+    def _local(self, name: str) -> torch.Tensor | None:
+        """Parameter `name` as a plain tensor for the ops: a DTensor's local shard (this rank's experts,
+        or the replicated router / shared weights). The router's gradient is then marked Partial (it is
+        over this rank's tokens only) so FSDP2 or the optimizer sums it over the group; the shared
+        expert's is already the group's total (Replicate), the experts' their own (Shard(0))."""
+        p = getattr(self, name)
+        if p is None or not hasattr(p, "to_local"):
+            return p
+        if name == "w_router_EH":
+            from torch.distributed.tensor import Partial
+
+            return p.to_local(grad_placements=[Partial()] * p.device_mesh.ndim)
+        return p.to_local()
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
@@ -167,17 +215,18 @@ class MoE(nn.Module):
         """Router on [T, H] tokens (bf16, or fp32 rounded to bf16): gate logits, scores, top-k
         (`mok.reference.router_forward`, or its GPU version on the fast backend)."""
         self._ensure_ready()
-        return Routing(*ops.router(x_TH, self.w_router_EH, self.top_k, score=self.score, normalize=self.normalize,
-                                   backend=self.backend_in_use))
+        return Routing(*ops.router(x_TH, self._local("w_router_EH"), self.top_k, score=self.score,
+                                   normalize=self.normalize, backend=self.backend_in_use))
 
     def compute_experts(self, x_TH: torch.Tensor, topk_idx_TK: torch.Tensor, topk_weight_TK: torch.Tensor) -> torch.Tensor:
         """The layer (shared + routed experts) on [T, H] tokens (bf16, or fp32 rounded to bf16) with a
         given routing; y [T, H] bf16.
         With a group, T is this rank's token count (the same on every rank)."""
         self._ensure_ready()
-        return ops.moe(x_TH, topk_idx_TK, topk_weight_TK, self.w_shared_gate_SH, self.w_shared_up_SH,
-                       self.w_shared_down_HS, self.w_gate_LIH, self.w_up_LIH, self.w_down_LHI,
-                       group=self.group, backend=self.backend_in_use, recompute=self.recompute)
+        w = [self._local(n) for n in ("w_shared_gate_SH", "w_shared_up_SH", "w_shared_down_HS", "w_gate_LIH",
+                                      "w_up_LIH", "w_down_LHI")]
+        return ops.moe(x_TH, topk_idx_TK, topk_weight_TK, *w, group=self.group, backend=self.backend_in_use,
+                       recompute=self.recompute)
 
     def router_losses(self, routing: Routing) -> RouterLosses:
         """Load-balancing loss and z-loss of `routing` (over its T tokens), deterministic."""
@@ -196,7 +245,8 @@ class MoE(nn.Module):
         self._check_x(x)
         x_TH = x.reshape(-1, self.hidden_size)  # the ops round to bf16 inside: no bf16 math in the graph
         routing = self.route(x_TH)
-        y = self.compute_experts(x_TH, routing.topk_idx, routing.topk_weight).to(x.dtype).view(x.shape)
+        y_TH = self.compute_experts(x_TH, routing.topk_idx, routing.topk_weight)
+        y = y_TH.view(x.shape).to(x.dtype, copy=True)  # a new tensor, not a view (FSDP2 hooks the output)
         if return_router_losses:
             return y, self.router_losses(routing)
         return y
