@@ -1,4 +1,4 @@
-"""Bitwise properties of mok.fast (SPEC §4): reruns, CUDA-graph replay, other streams, batch
+"""Bitwise properties of mok.fast (docs/determinism.md): reruns, CUDA-graph replay, other streams, batch
 invariance. Comparisons are on raw bits (mok.harness.bits.assert_bitwise_equal)."""
 import pytest
 import torch
@@ -98,7 +98,7 @@ def _subset(inputs: dict, rows: torch.Tensor) -> dict:
     return out
 
 
-@pytest.mark.parametrize("rows", ["first_100", "middle", "one_token", "larger_batch"])
+@pytest.mark.parametrize("rows", ["first_100", "middle", "one_token", "larger_batch"])  # prefix, strided subset, T = 1, 3x batch around it
 def test_batch_invariance(inputs, rows):
     T = CFG.T
     full = run_layer(inputs, impl=mok.fast)
