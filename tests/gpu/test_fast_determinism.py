@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mok.fast
-from mok.harness.bits import assert_bitwise_equal
+from mok.harness.bits import assert_bitwise_equal, raw_bits
 from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
 from mok.harness.runner import run_layer
 
@@ -13,12 +13,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 CFG = MoEConfig(T=512, H=256, I=128, E=16, K=4, S=64)
 
 
-def _bits(t):
-    return None if t is None else t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
-
-
 def _same(a: dict, b: dict) -> bool:
-    return all((a[k] is None and b[k] is None) or torch.equal(_bits(a[k]), _bits(b[k])) for k in a)
+    return all((a[k] is None and b[k] is None) or torch.equal(raw_bits(a[k]), raw_bits(b[k])) for k in a)
 
 
 def _assert_same(got: dict, want: dict, label: str) -> None:
@@ -37,7 +33,7 @@ def test_forward_1000_reruns(inputs):
     y0, _ = mok.fast.forward(*args)
     for i in range(1000):
         y, _ = mok.fast.forward(*args)
-        if not torch.equal(_bits(y), _bits(y0)):
+        if not torch.equal(raw_bits(y), raw_bits(y0)):
             assert_bitwise_equal(y, y0, f"forward rerun {i}")
 
 

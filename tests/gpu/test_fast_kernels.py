@@ -66,15 +66,16 @@ def _nan_rows(out: torch.Tensor, bad_T: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- PyTorch formulations (CPU)
 
 
-def _combine_fwd(s, o, w, pair_row, flag):
-    """y = bf16(((s + w0*o0) + w1*o1) + ...): fp32, shared (or +0) first, k ascending; NaN for a token
-    with an unplaced pair, every token when the flag is set."""
-    T, K = w.shape
+def _ordered_combine(first, r_RH, pair_row, K, flag, w=None):
+    """bf16(((first + w_0*r_0) + w_1*r_1) + ...) per token: fp32, `first` (or +0) first, k ascending,
+    r_k the pair's row of r_RH (w = 1 when None); NaN for a token with an unplaced pair, every token
+    when the flag is set. combine_fwd: (s, o, w); combine_bwd_dx: (dx_s, dx, no weights)."""
+    T = pair_row.numel() // K
     rows = pair_row.view(T, K)
-    o_TKH = _gather(rows, o)
-    acc = s.float() if s is not None else torch.zeros(T, o.shape[1])
+    r_TKH = _gather(rows, r_RH)
+    acc = first.float() if first is not None else torch.zeros(T, r_RH.shape[1])
     for k in range(K):
-        acc = acc + w[:, k : k + 1] * o_TKH[:, k]
+        acc = acc + (r_TKH[:, k] if w is None else w[:, k : k + 1] * r_TKH[:, k])
     bad = (rows < 0).any(1) | bool(flag.item())
     return _nan_rows(acc, bad).bfloat16()
 
@@ -119,18 +120,6 @@ def _go(dy, w, pair_row, flag, go_init):
     return go
 
 
-def _combine_bwd_dx(dxs, dx, pair_row, flag, K):
-    """d_x = bf16(((dx_s + dx_0) + dx_1) + ...): fp32, shared (or +0) first, k ascending."""
-    T = pair_row.numel() // K
-    rows = pair_row.view(T, K)
-    dx_TKH = _gather(rows, dx)
-    acc = dxs.float() if dxs is not None else torch.zeros(T, dx.shape[1])
-    for k in range(K):
-        acc = acc + dx_TKH[:, k]
-    bad = (rows < 0).any(1) | bool(flag.item())
-    return _nan_rows(acc, bad).bfloat16()
-
-
 # ---------------------------------------------------------------- combine kernels: bitwise
 
 SHAPES = [
@@ -154,7 +143,7 @@ def test_combine_fwd_bitwise(T, K, H, shared):
     pair_row, flag = _pair_rows(T, K, cap, g), _flag(0)
     y = torch.full((T, H), SENTINEL, dtype=torch.bfloat16, device="cuda")
     _lib.combine_fwd(*_cuda(s, o, w, pair_row, flag), y)
-    assert_bitwise_equal(y.cpu(), _combine_fwd(s, o, w, pair_row, flag), "y")
+    assert_bitwise_equal(y.cpu(), _ordered_combine(s, o, pair_row, K, flag, w), "y")
 
 
 @pytest.mark.parametrize("T,K,H", SHAPES)
@@ -183,7 +172,7 @@ def test_combine_bwd_dx_bitwise(T, K, H, shared):
     pair_row, flag = _pair_rows(T, K, cap, g), _flag(0)
     out = torch.full((T, H), SENTINEL, dtype=torch.bfloat16, device="cuda")
     _lib.combine_bwd_dx(*_cuda(dxs, dx, pair_row, flag), K, out)
-    assert_bitwise_equal(out.cpu(), _combine_bwd_dx(dxs, dx, pair_row, flag, K), "d_x")
+    assert_bitwise_equal(out.cpu(), _ordered_combine(dxs, dx, pair_row, K, flag), "d_x")
 
 
 @pytest.mark.parametrize("flag_value, missing", [
@@ -208,7 +197,7 @@ def test_combine_kernels_bad_routing(flag_value, missing):
     d_x = torch.full((T, H), SENTINEL, dtype=torch.bfloat16, device="cuda")
     _lib.combine_bwd_dx(*_cuda(dxs, dx, pair_row, flag), K, d_x)
 
-    want_y = _combine_fwd(s, o, w, pair_row, flag)
+    want_y = _ordered_combine(s, o, pair_row, K, flag, w)
     want_dw = _d_topk_weight(dy, o, pair_row, flag)
     if flag_value:
         assert bool(want_y.isnan().all() and want_dw.isnan().all())  # the formulation says "all NaN"
@@ -217,7 +206,7 @@ def test_combine_kernels_bad_routing(flag_value, missing):
     assert_bitwise_equal(y.cpu(), want_y, "y")
     assert_bitwise_equal(d_w.cpu(), want_dw, "d_topk_weight")
     assert_bitwise_equal(go.cpu(), _go(dy, w, pair_row, flag, go_init), "go")
-    assert_bitwise_equal(d_x.cpu(), _combine_bwd_dx(dxs, dx, pair_row, flag, K), "d_x")
+    assert_bitwise_equal(d_x.cpu(), _ordered_combine(dxs, dx, pair_row, K, flag), "d_x")
 
 
 # ---------------------------------------------------------------- SwiGLU kernels
@@ -230,28 +219,32 @@ def _offsets(n_rows: int, L: int = 3) -> torch.Tensor:
     return torch.tensor(starts + counts, dtype=torch.int32)
 
 
-def _swiglu_rows(kind, n_rows, capacity, I, g):
-    """gu [capacity, 2I] fp32 (g | u; rows past n_rows NaN, never read into a written row) and da [capacity, I]."""
-    if kind == "saturated":  # sigmoid exactly 1 (g >= 20) or 0 (g <= -90)
-        pick = torch.randint(0, 2, (capacity, I), generator=g).bool()
-        gate = torch.where(pick, 20 + 40 * torch.rand(capacity, I, generator=g),
-                           -90 - 30 * torch.rand(capacity, I, generator=g))
-    else:  # the range SwiGLU sees in practice, including its minimum near g = -1.28 and dsilu's zero
-        gate = 3 * torch.randn(capacity, I, generator=g)
-    gu = torch.cat([gate, torch.randn(capacity, I, generator=g)], 1)
-    gu[n_rows:] = NAN
-    da = torch.randn(capacity, I, generator=g)
-    return gu, da
-
-
-def _run_swiglu(fn, inputs, n_rows, capacity, I, use_offsets, out_cols):
-    out = torch.full((capacity, out_cols), SENTINEL, dtype=torch.bfloat16, device="cuda")
+def _swiglu_case(backward: bool, kind: str, seed: int, I, n_rows, capacity, use_offsets):
+    """Draw gu [capacity, 2I] (g | u) and da [capacity, I] fp32, run swiglu_bwd (backward) or swiglu_fwd,
+    check that rows past the n_rows placed were not written, and return (out, g, u, da) of the placed
+    rows, on the CPU. kind: "saturated" (every g >= 20, where sigmoid rounds to 1, or <= -90, where it
+    is 0; and in the forward g = 0 in every 7th column, where silu = 0 whatever expf gives) or "random"
+    (g ~ 3 N(0, 1): SwiGLU's usual range, including dsilu's zero near g = -1.28)."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "saturated":
+        pick = torch.rand(capacity, I, generator=gen) < 0.5
+        gate = torch.where(pick, 20 + 40 * torch.rand(capacity, I, generator=gen),
+                           -90 - 30 * torch.rand(capacity, I, generator=gen))
+        if not backward:
+            gate[:, ::7] = 0.0
+    else:
+        gate = 3 * torch.randn(capacity, I, generator=gen)
+    gu = torch.cat([gate, torch.randn(capacity, I, generator=gen)], 1)
+    gu[n_rows:] = NAN  # rows past the placed ones: never read into a written row
+    da = torch.randn(capacity, I, generator=gen)
+    cols = 2 * I if backward else I
+    out = torch.full((capacity, cols), SENTINEL, dtype=torch.bfloat16, device="cuda")
     offsets = _offsets(n_rows).cuda() if use_offsets else None
-    fixed = 0 if use_offsets else n_rows
-    fn(*_cuda(*inputs), offsets, 3, fixed, I, capacity, out)
+    fn, inputs = (_lib.swiglu_bwd, [da, gu]) if backward else (_lib.swiglu_fwd, [gu])
+    fn(*_cuda(*inputs), offsets, 3, 0 if use_offsets else n_rows, I, capacity, out)
     out = out.cpu()
     assert bool((out[n_rows:] == SENTINEL).all()), "rows past the rows placed were written"
-    return out[:n_rows]
+    return out[:n_rows], gu[:n_rows, :I], gu[:n_rows, I:], da[:n_rows]
 
 
 SWIGLU = [
@@ -263,11 +256,7 @@ SWIGLU = [
 
 @pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
 def test_swiglu_fwd_bitwise_where_sigmoid_is_exact(I, n_rows, capacity, use_offsets):
-    g = torch.Generator().manual_seed(I + n_rows)
-    gu, _ = _swiglu_rows("saturated", n_rows, capacity, I, g)
-    gu[:n_rows, :: 7] = 0.0  # g = 0: silu = 0 * s = 0 whatever expf gives
-    a = _run_swiglu(_lib.swiglu_fwd, [gu], n_rows, capacity, I, use_offsets, I)
-    gate, up = gu[:n_rows, :I], gu[:n_rows, I:]
+    a, gate, up, _ = _swiglu_case(False, "saturated", I + n_rows, I, n_rows, capacity, use_offsets)
     s = torch.where(gate >= 20, 1.0, torch.where(gate <= -90, 0.0, 0.5))  # 0.5 only where g = 0
     want = ((gate * s) * up).bfloat16()  # silu = g * s, then one fp32 product, then bf16
     assert bool(want.float().abs().max() > 1) and bool((want == 0).any())  # both regimes present
@@ -276,24 +265,18 @@ def test_swiglu_fwd_bitwise_where_sigmoid_is_exact(I, n_rows, capacity, use_offs
 
 @pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
 def test_swiglu_bwd_bitwise_where_sigmoid_is_exact(I, n_rows, capacity, use_offsets):
-    g = torch.Generator().manual_seed(I + n_rows + 1)
-    gu, da = _swiglu_rows("saturated", n_rows, capacity, I, g)
-    dgu = _run_swiglu(_lib.swiglu_bwd, [da, gu], n_rows, capacity, I, use_offsets, 2 * I)
-    gate, up, d = gu[:n_rows, :I], gu[:n_rows, I:], da[:n_rows]
+    dgu, gate, up, d = _swiglu_case(True, "saturated", I + n_rows + 1, I, n_rows, capacity, use_offsets)
     s = torch.where(gate >= 20, 1.0, 0.0)
     dsilu = s * (1.0 + gate * (1.0 - s))  # fma(g, 1 - s, 1) = this when s is 0 or 1 (g * (1 - s) exact)
-    want_dg = ((d * up) * dsilu).bfloat16()
-    want_du = (d * (gate * s)).bfloat16()
-    assert_bitwise_equal(dgu[:, :I], want_dg, "dg = bf16(da * u * silu'(g))")
-    assert_bitwise_equal(dgu[:, I:], want_du, "du = bf16(da * silu(g))")
+    assert_bitwise_equal(dgu[:, :I], ((d * up) * dsilu).bfloat16(), "dg = bf16(da * u * silu'(g))")
+    assert_bitwise_equal(dgu[:, I:], (d * (gate * s)).bfloat16(), "du = bf16(da * silu(g))")
 
 
 def _assert_within(name, got, want64, bound):
-    err = (got.double() - want64).abs()
-    bad = ~(err <= bound)  # NaN fails
+    bad = ~((got.double() - want64).abs() <= bound)  # NaN fails
     if bool(bad.any()):
         i = tuple(int(j) for j in bad.nonzero()[0])
-        raise AssertionError(f"{name}: {int(bad.sum())} of {err.numel()} elements out of bound; first at {i}: "
+        raise AssertionError(f"{name}: {int(bad.sum())} of {bad.numel()} elements out of bound; first at {i}: "
                              f"got {got[i].item()!r}, float64 {want64[i].item()!r}, bound {bound[i].item()!r}")
 
 
@@ -304,20 +287,16 @@ BF16 = 2.0**-8 * (1 + 2.0**-6)
 
 @pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
 def test_swiglu_fwd_close_to_float64(I, n_rows, capacity, use_offsets):
-    g = torch.Generator().manual_seed(I + n_rows + 2)
-    gu, _ = _swiglu_rows("random", n_rows, capacity, I, g)
-    a = _run_swiglu(_lib.swiglu_fwd, [gu], n_rows, capacity, I, use_offsets, I)
-    gate, up = gu[:n_rows, :I].double(), gu[:n_rows, I:].double()
+    a, gate, up, _ = (t.double() for t in _swiglu_case(False, "random", I + n_rows + 2, I, n_rows, capacity,
+                                                       use_offsets))
     want = gate * torch.sigmoid(gate) * up
     _assert_within("a", a, want, BF16 * want.abs() + 1e-30)
 
 
 @pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
 def test_swiglu_bwd_close_to_float64(I, n_rows, capacity, use_offsets):
-    g = torch.Generator().manual_seed(I + n_rows + 3)
-    gu, da = _swiglu_rows("random", n_rows, capacity, I, g)
-    dgu = _run_swiglu(_lib.swiglu_bwd, [da, gu], n_rows, capacity, I, use_offsets, 2 * I)
-    gate, up, d = gu[:n_rows, :I].double(), gu[:n_rows, I:].double(), da[:n_rows].double()
+    dgu, gate, up, d = (t.double() for t in _swiglu_case(True, "random", I + n_rows + 3, I, n_rows, capacity,
+                                                         use_offsets))
     s = torch.sigmoid(gate)
     want_dg = d * up * s * (1 + gate * (1 - s))
     want_du = d * gate * s
@@ -326,6 +305,5 @@ def test_swiglu_bwd_close_to_float64(I, n_rows, capacity, use_offsets):
     _assert_within("dg", dgu[:, :I], want_dg, BF16 * want_dg.abs() + slack + 1e-30)
     _assert_within("du", dgu[:, I:], want_du, BF16 * want_du.abs() + 1e-30)
     # the bound is not vacuous: swapping the halves, or dropping silu', breaks it
-    assert not bool(((dgu[:, I:].double() - want_dg).abs() <= BF16 * want_dg.abs() + slack).all())
-    assert not bool(((dgu[:, :I].double() - d * up).abs() <= BF16 * (d * up).abs() + slack).all())
-
+    assert not bool(((dgu[:, I:] - want_dg).abs() <= BF16 * want_dg.abs() + slack).all())
+    assert not bool(((dgu[:, :I] - d * up).abs() <= BF16 * (d * up).abs() + slack).all())
