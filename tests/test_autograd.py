@@ -5,15 +5,14 @@ import pytest
 from mok import reference
 from mok.harness.bits import assert_bitwise_equal
 from mok.harness.cases import DEFAULT, LAYER_ARGS, MoEConfig, make_inputs
+from mok.harness.fast_checks import GRAD_OF
 from mok.harness.runner import run_layer
 
-GRAD_OF = {"x": "d_x", "topk_weight": "d_topk_weight", "routed_gate": "d_routed_gate",
-           "routed_up": "d_routed_up", "routed_down": "d_routed_down", "shared_gate": "d_shared_gate",
-           "shared_up": "d_shared_up", "shared_down": "d_shared_down"}
+GRAD_FOR = {arg: grad for grad, arg in GRAD_OF.items()}  # input name -> name of its gradient
 
 
 def _leaves(inputs):
-    return {a: (inputs[a].clone().requires_grad_(True) if a in GRAD_OF and inputs[a] is not None else inputs[a])
+    return {a: (inputs[a].clone().requires_grad_(True) if a in GRAD_FOR and inputs[a] is not None else inputs[a])
             for a in LAYER_ARGS}
 
 
@@ -29,7 +28,7 @@ def test_backward_matches_functional(cfg, routing):
     y = reference.moe(*(leaves[a] for a in LAYER_ARGS))
     assert_bitwise_equal(y.detach(), want["y"], "y")
     y.backward(inputs["dy"])
-    for arg, out in GRAD_OF.items():
+    for arg, out in GRAD_FOR.items():
         if inputs[arg] is None:
             assert want[out] is None
             continue

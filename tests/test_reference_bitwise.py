@@ -1,4 +1,5 @@
-"""SPEC §3: the reference's bits do not depend on reruns, threads, W, strides or the device."""
+"""The reference's bits do not depend on reruns, threads, W, strides, the device or the rest of the
+batch (docs/determinism.md)."""
 
 import math
 
@@ -123,6 +124,36 @@ def test_sliced_x_gives_same_bits():
     x = big[2 : 2 + DEFAULT.T, 1 : 1 + DEFAULT.H]
     assert not x.is_contiguous()
     assert_outputs_equal(run_layer({**inputs, "x": x}), want, "sliced x")
+
+
+
+# ---------------------------------------------------------------- batch invariance
+
+_PER_TOKEN = ("x", "topk_idx", "topk_weight", "dy")
+
+
+@pytest.mark.parametrize("rows", [
+    "first_20",      # a prefix of the batch
+    "strided",       # every third token: other tokens removed from between them
+    "one_token",     # T = 1
+    "larger_batch",  # the batch inside a 3x larger one
+])
+def test_batch_invariance(rows):
+    """A token's y, d_x and d_topk_weight do not change when other tokens join or leave the batch
+    (weight gradients sum over the batch, so they change by definition)."""
+    inputs = make_inputs(DEFAULT, seed=0)
+    full = run_layer(inputs)
+    T = DEFAULT.T
+    if rows == "larger_batch":
+        extra = make_inputs(MoEConfig(T=3 * T, H=DEFAULT.H, I=DEFAULT.I, E=DEFAULT.E, K=DEFAULT.K, S=DEFAULT.S), seed=9)
+        big = {**inputs, **{k: torch.cat([extra[k][:T], inputs[k], extra[k][T:2 * T]]) for k in _PER_TOKEN}}
+        got = {k: v[T:2 * T] for k, v in run_layer(big).items() if k in ("y", "d_x", "d_topk_weight")}
+        sel = torch.arange(T)
+    else:
+        sel = {"first_20": torch.arange(20), "strided": torch.arange(1, T, 3), "one_token": torch.tensor([17])}[rows]
+        got = run_layer({**inputs, **{k: inputs[k][sel] for k in _PER_TOKEN}})
+    for k in ("y", "d_x", "d_topk_weight"):
+        assert_bitwise_equal(got[k], full[k][sel], f"batch invariance ({rows}): {k}")
 
 
 # ---------------------------------------------------------------- NaN

@@ -1,5 +1,5 @@
 """mok.fast against the bit-exact reference: per tensor, error <= 2x the plain bf16 implementation's
-error against the same reference (SPEC §4), on golden cases, edge cases and hypothesis-drawn shapes."""
+error against the same reference (docs/determinism.md), on golden cases, edge cases and hypothesis-drawn shapes."""
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -28,7 +28,7 @@ def _cuda(inputs: dict) -> dict:
 GOLDEN = sorted(load_manifest()["cases"])
 
 
-@pytest.mark.parametrize("name", GOLDEN)
+@pytest.mark.parametrize("name", GOLDEN)  # every golden case: the reference's bits are stored
 def test_golden_case(name):
     inputs, expected = load_case(name)
     inputs = _cuda(inputs)

@@ -71,7 +71,7 @@ def _all_nan(out: dict) -> None:
             assert torch.isnan(out[k]).all(), f"{k}: expected all NaN, {int((~torch.isnan(out[k])).sum())} finite"
 
 
-@pytest.mark.parametrize("bad_id", ["too_large", "negative", "huge", "duplicate"])
+@pytest.mark.parametrize("bad_id", ["too_large", "negative", "huge", "duplicate"])  # id = E, -1, 2^40, repeated in a row
 def test_bad_expert_ids_give_nan_and_no_corruption(inputs, bad_id):
     idx = inputs["topk_idx"].clone()
     if bad_id == "too_large":

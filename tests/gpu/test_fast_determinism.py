@@ -1,10 +1,10 @@
-"""Bitwise properties of mok.fast (SPEC §4): reruns, CUDA-graph replay, other streams, batch
+"""Bitwise properties of mok.fast (docs/determinism.md): reruns, CUDA-graph replay, other streams, batch
 invariance. Comparisons are on raw bits (mok.harness.bits.assert_bitwise_equal)."""
 import pytest
 import torch
 
 import mok.fast
-from mok.harness.bits import assert_bitwise_equal
+from mok.harness.bits import assert_bitwise_equal, raw_bits
 from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
 from mok.harness.runner import run_layer
 
@@ -13,12 +13,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 CFG = MoEConfig(T=512, H=256, I=128, E=16, K=4, S=64)
 
 
-def _bits(t):
-    return None if t is None else t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
-
-
 def _same(a: dict, b: dict) -> bool:
-    return all((a[k] is None and b[k] is None) or torch.equal(_bits(a[k]), _bits(b[k])) for k in a)
+    return all((a[k] is None and b[k] is None) or torch.equal(raw_bits(a[k]), raw_bits(b[k])) for k in a)
 
 
 def _assert_same(got: dict, want: dict, label: str) -> None:
@@ -37,7 +33,7 @@ def test_forward_1000_reruns(inputs):
     y0, _ = mok.fast.forward(*args)
     for i in range(1000):
         y, _ = mok.fast.forward(*args)
-        if not torch.equal(_bits(y), _bits(y0)):
+        if not torch.equal(raw_bits(y), raw_bits(y0)):
             assert_bitwise_equal(y, y0, f"forward rerun {i}")
 
 
@@ -98,7 +94,7 @@ def _subset(inputs: dict, rows: torch.Tensor) -> dict:
     return out
 
 
-@pytest.mark.parametrize("rows", ["first_100", "middle", "one_token", "larger_batch"])
+@pytest.mark.parametrize("rows", ["first_100", "middle", "one_token", "larger_batch"])  # prefix, strided subset, T = 1, 3x batch around it
 def test_batch_invariance(inputs, rows):
     T = CFG.T
     full = run_layer(inputs, impl=mok.fast)

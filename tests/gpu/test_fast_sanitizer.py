@@ -28,7 +28,7 @@ print("SANITIZER_SCRIPT_DONE")
 """
 
 
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])  # out-of-bounds accesses; shared-memory races
 def test_compute_sanitizer_clean(tool):
     exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(exe):

@@ -8,8 +8,14 @@ from mok.fast import _lib
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
 
-@pytest.mark.parametrize("T,K,E,e0,L", [(1, 1, 1, 0, 1), (37, 3, 8, 0, 8), (1000, 8, 128, 0, 128),
-                                        (4099, 6, 64, 0, 64), (513, 2, 16, 4, 8), (300, 4, 2000, 0, 2000)])
+@pytest.mark.parametrize("T,K,E,e0,L", [
+    (1, 1, 1, 0, 1),            # one token, one expert
+    (37, 3, 8, 0, 8),           # T not a multiple of anything
+    (1000, 8, 128, 0, 128),     # qwen3-like routing, several 256-pair chunks
+    (4099, 6, 64, 0, 64),       # a partial last chunk
+    (513, 2, 16, 4, 8),         # local experts [4, 12) only (expert-parallel slice): other pairs unplaced
+    (300, 4, 2000, 0, 2000),    # more experts than pairs: most experts empty
+])
 def test_schedule_matches_stable_sort(T, K, E, e0, L):
     g = torch.Generator(device="cuda").manual_seed(T * 31 + E)
     idx = torch.stack([torch.randperm(E, device="cuda", generator=g)[:K] for _ in range(T)])

@@ -1,0 +1,309 @@
+"""The combine and SwiGLU kernels (csrc/elementwise.cu), called directly through mok.fast._lib, against
+small PyTorch formulations with the kernels' rounding order.
+
+- combine_fwd, combine_bwd_pre, combine_bwd_dx: every product and sum is one separately rounded fp32
+  operation (__fmul_rn, __fadd_rn) in a fixed order, and a CPU PyTorch elementwise op is one IEEE
+  operation, so the formulations below must give the same bits. combine_bwd_pre's d_topk_weight is
+  a fixed tree: each thread sums its 8-wide vectors h = 8 * (tid + c * threads) in order, then a
+  butterfly over the warp's lanes, then the warps' sums in warp order; `_d_topk_weight` writes that
+  tree out with the kernel's thread count (`token_threads`).
+- swiglu_fwd, swiglu_bwd: the sigmoid uses CUDA's expf (max 2 ULP) and nvcc contracts
+  1 + expf(-g) and 1 + g * (1 - s) into FMAs, which PyTorch does not reproduce. So: bitwise where
+  the sigmoid is exact (s = 1 for g >= 20, s = 0 for g <= -90; and g = 0 in the forward, where
+  silu = 0 whatever s is), and within an error bound against float64 elsewhere.
+
+Inputs are drawn on the CPU with a seeded generator and copied to the GPU; expectations are computed
+on the CPU.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mok.fast import _lib
+from mok.harness.bits import assert_bitwise_equal
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
+
+NAN = float("nan")
+SENTINEL = 1234.0  # bf16-exact; rows a kernel must not write keep it
+
+
+def _token_threads(H: int) -> int:
+    """Threads of a per-token kernel (elementwise.cu: token_threads): one 8-wide vector each, 64 to 1024."""
+    t = (H // 8 + 31) // 32 * 32
+    return min(max(t, 64), 1024)
+
+
+def _cuda(*ts):
+    return [None if t is None else t.cuda() for t in ts]
+
+
+def _pair_rows(T, K, capacity, g, missing=None):
+    """pair_row [T*K] int32: the pairs scattered over distinct rows of [0, capacity) in random order
+    (the kernels only follow the map; the schedule's order is tested in test_fast_schedule.py); the
+    pair `missing` (t, k), if given, gets -1 (not placed)."""
+    rows = torch.randperm(capacity, generator=g)[: T * K].to(torch.int32)
+    if missing is not None:
+        rows[missing[0] * K + missing[1]] = -1
+    return rows
+
+
+def _flag(value):
+    return torch.tensor([value], dtype=torch.int32)
+
+
+def _gather(rows_TK: torch.Tensor, r_RH: torch.Tensor) -> torch.Tensor:
+    """[T, K, H] fp32 rows of r_RH (bf16) at rows_TK (-1 reads row 0; those pairs are NaN anyway)."""
+    return r_RH[rows_TK.clamp(min=0).long()].float()
+
+
+def _nan_rows(out: torch.Tensor, bad_T: torch.Tensor) -> torch.Tensor:
+    out = out.clone()
+    out[bad_T] = NAN
+    return out
+
+
+# ---------------------------------------------------------------- PyTorch formulations (CPU)
+
+
+def _ordered_combine(first, r_RH, pair_row, K, flag, w=None):
+    """bf16(((first + w_0*r_0) + w_1*r_1) + ...) per token: fp32, `first` (or +0) first, k ascending,
+    r_k the pair's row of r_RH (w = 1 when None); NaN for a token with an unplaced pair, every token
+    when the flag is set. combine_fwd: (s, o, w); combine_bwd_dx: (dx_s, dx, no weights)."""
+    T = pair_row.numel() // K
+    rows = pair_row.view(T, K)
+    r_TKH = _gather(rows, r_RH)
+    acc = first.float() if first is not None else torch.zeros(T, r_RH.shape[1])
+    for k in range(K):
+        acc = acc + (r_TKH[:, k] if w is None else w[:, k : k + 1] * r_TKH[:, k])
+    bad = (rows < 0).any(1) | bool(flag.item())
+    return _nan_rows(acc, bad).bfloat16()
+
+
+def _d_topk_weight(dy, o, pair_row, flag):
+    """d_w[t, k] = sum_h dy[t, h] * o_k[h] in combine_bwd_pre_k's order (see the module docstring)."""
+    T, H = dy.shape
+    K = pair_row.numel() // T
+    rows = pair_row.view(T, K)
+    n = _token_threads(H)
+    C = -(-H // (8 * n))  # vectors per thread, at most
+    prod = dy.float()[:, None, :] * _gather(rows, o)  # bf16 x bf16: exact in fp32
+    # zeros past H: a thread's tail adds +0, which changes nothing (its sum starts at +0, so is never -0)
+    prod = F.pad(prod, (0, C * 8 * n - H)).view(T, K, C, n, 8)
+    acc = torch.zeros(T, K, n)
+    for c in range(C):
+        for i in range(8):
+            acc = acc + prod[:, :, c, :, i]
+    lanes = acc.view(T, K, n // 32, 32)
+    lane = torch.arange(32)
+    for off in (16, 8, 4, 2, 1):  # __shfl_xor_sync butterfly: lane l adds lane l ^ off
+        lanes = lanes + lanes[..., lane ^ off]
+    d_w = torch.zeros(T, K)
+    for warp in range(n // 32):
+        d_w = d_w + lanes[:, :, warp, 0]
+    d_w[rows < 0] = NAN
+    if flag.item():
+        d_w[:] = NAN
+    return d_w
+
+
+def _go(dy, w, pair_row, flag, go_init):
+    """go[row(t, k)] = bf16(w[t, k] * dy[t]) (fp32 product), NaN when the flag is set; other rows untouched."""
+    T, K = w.shape
+    go = go_init.clone()
+    vals = (w[:, :, None] * dy.float()[:, None, :]).bfloat16()
+    if flag.item():
+        vals[:] = NAN
+    rows = pair_row.view(T, K).long()
+    placed = rows >= 0
+    go[rows[placed]] = vals[placed]
+    return go
+
+
+# ---------------------------------------------------------------- combine kernels: bitwise
+
+SHAPES = [
+    (1, 1, 8),      # one token, one slot, one 8-wide vector: a single active thread of 64
+    (5, 2, 264),    # 33 vectors on 64 threads: the second warp has one active lane
+    (7, 8, 2048),   # K = 8: exactly one chunk of the backward pre-combine's 8 slots
+    (3, 10, 1024),  # K = 10: two chunks (8 + 2)
+    (4, 4, 9000),   # 1125 vectors on 1024 threads: threads 0..100 take a second vector
+    (2, 6, 7168),   # a real hidden size (896 threads, 28 warps)
+]
+
+
+@pytest.mark.parametrize("T,K,H", SHAPES)
+@pytest.mark.parametrize("shared", [True, False])  # with and without the shared expert's term
+def test_combine_fwd_bitwise(T, K, H, shared):
+    g = torch.Generator().manual_seed(T * 1000 + K * 10 + H)
+    cap = T * K + 3  # rows no pair maps to
+    s = torch.randn(T, H, generator=g).bfloat16() if shared else None
+    o = torch.randn(cap, H, generator=g).bfloat16()
+    w = torch.rand(T, K, generator=g)  # full fp32 weights: every product w * o is rounded
+    pair_row, flag = _pair_rows(T, K, cap, g), _flag(0)
+    y = torch.full((T, H), SENTINEL, dtype=torch.bfloat16, device="cuda")
+    _lib.combine_fwd(*_cuda(s, o, w, pair_row, flag), y)
+    assert_bitwise_equal(y.cpu(), _ordered_combine(s, o, pair_row, K, flag, w), "y")
+
+
+@pytest.mark.parametrize("T,K,H", SHAPES)
+def test_combine_bwd_pre_bitwise(T, K, H):
+    g = torch.Generator().manual_seed(T * 1000 + K * 10 + H + 1)
+    cap = T * K + 3
+    dy = torch.randn(T, H, generator=g).bfloat16()
+    o = torch.randn(cap, H, generator=g).bfloat16()
+    w = torch.rand(T, K, generator=g)
+    pair_row, flag = _pair_rows(T, K, cap, g), _flag(0)
+    go_init = torch.full((cap, H), SENTINEL, dtype=torch.bfloat16)
+    d_w = torch.full((T, K), SENTINEL, device="cuda")
+    go = go_init.cuda()
+    _lib.combine_bwd_pre(*_cuda(dy, o, w, pair_row, flag), d_w, go)
+    assert_bitwise_equal(d_w.cpu(), _d_topk_weight(dy, o, pair_row, flag), "d_topk_weight")
+    assert_bitwise_equal(go.cpu(), _go(dy, w, pair_row, flag, go_init), "go (rows of no pair keep the sentinel)")
+
+
+@pytest.mark.parametrize("T,K,H", SHAPES)
+@pytest.mark.parametrize("shared", [True, False])  # with and without the shared expert's d_x
+def test_combine_bwd_dx_bitwise(T, K, H, shared):
+    g = torch.Generator().manual_seed(T * 1000 + K * 10 + H + 2)
+    cap = T * K + 3
+    dxs = torch.randn(T, H, generator=g).bfloat16() if shared else None
+    dx = torch.randn(cap, H, generator=g).bfloat16()
+    pair_row, flag = _pair_rows(T, K, cap, g), _flag(0)
+    out = torch.full((T, H), SENTINEL, dtype=torch.bfloat16, device="cuda")
+    _lib.combine_bwd_dx(*_cuda(dxs, dx, pair_row, flag), K, out)
+    assert_bitwise_equal(out.cpu(), _ordered_combine(dxs, dx, pair_row, K, flag), "d_x")
+
+
+@pytest.mark.parametrize("flag_value, missing", [
+    (1, None),     # bit 1: an expert id out of range somewhere: every output NaN
+    (2, None),     # bit 2: a repeated id in a row: every output NaN
+    (4, None),     # bit 4: rows beyond capacity: every output NaN
+    (0, (2, 1)),   # pair (2, 1) not placed: token 2's y and d_x NaN, d_topk_weight[2, 1] NaN, no go row
+])
+def test_combine_kernels_bad_routing(flag_value, missing):
+    T, K, H = 6, 3, 256
+    g = torch.Generator().manual_seed(flag_value)
+    cap = T * K + 2
+    s, dy, dxs = (torch.randn(T, H, generator=g).bfloat16() for _ in range(3))
+    o, dx = (torch.randn(cap, H, generator=g).bfloat16() for _ in range(2))
+    w = torch.rand(T, K, generator=g)
+    pair_row, flag = _pair_rows(T, K, cap, g, missing), _flag(flag_value)
+    y = torch.full((T, H), SENTINEL, dtype=torch.bfloat16, device="cuda")
+    _lib.combine_fwd(*_cuda(s, o, w, pair_row, flag), y)
+    go_init = torch.full((cap, H), SENTINEL, dtype=torch.bfloat16)
+    d_w, go = torch.full((T, K), SENTINEL, device="cuda"), go_init.cuda()
+    _lib.combine_bwd_pre(*_cuda(dy, o, w, pair_row, flag), d_w, go)
+    d_x = torch.full((T, H), SENTINEL, dtype=torch.bfloat16, device="cuda")
+    _lib.combine_bwd_dx(*_cuda(dxs, dx, pair_row, flag), K, d_x)
+
+    want_y = _ordered_combine(s, o, pair_row, K, flag, w)
+    want_dw = _d_topk_weight(dy, o, pair_row, flag)
+    if flag_value:
+        assert bool(want_y.isnan().all() and want_dw.isnan().all())  # the formulation says "all NaN"
+    else:
+        assert int(want_y.isnan().any(1).sum()) == 1 and int(want_dw.isnan().sum()) == 1  # one token, one slot
+    assert_bitwise_equal(y.cpu(), want_y, "y")
+    assert_bitwise_equal(d_w.cpu(), want_dw, "d_topk_weight")
+    assert_bitwise_equal(go.cpu(), _go(dy, w, pair_row, flag, go_init), "go")
+    assert_bitwise_equal(d_x.cpu(), _ordered_combine(dxs, dx, pair_row, K, flag), "d_x")
+
+
+# ---------------------------------------------------------------- SwiGLU kernels
+
+
+def _offsets(n_rows: int, L: int = 3) -> torch.Tensor:
+    """A schedule-like offsets [2L+1] int32 whose offsets[L] (rows placed) is n_rows."""
+    starts = [0, n_rows // 3, (2 * n_rows) // 3, n_rows][: L + 1]
+    counts = [b - a for a, b in zip(starts, starts[1:])]
+    return torch.tensor(starts + counts, dtype=torch.int32)
+
+
+def _swiglu_case(backward: bool, kind: str, seed: int, I, n_rows, capacity, use_offsets):
+    """Draw gu [capacity, 2I] (g | u) and da [capacity, I] fp32, run swiglu_bwd (backward) or swiglu_fwd,
+    check that rows past the n_rows placed were not written, and return (out, g, u, da) of the placed
+    rows, on the CPU. kind: "saturated" (every g >= 20, where sigmoid rounds to 1, or <= -90, where it
+    is 0; and in the forward g = 0 in every 7th column, where silu = 0 whatever expf gives) or "random"
+    (g ~ 3 N(0, 1): SwiGLU's usual range, including dsilu's zero near g = -1.28)."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "saturated":
+        pick = torch.rand(capacity, I, generator=gen) < 0.5
+        gate = torch.where(pick, 20 + 40 * torch.rand(capacity, I, generator=gen),
+                           -90 - 30 * torch.rand(capacity, I, generator=gen))
+        if not backward:
+            gate[:, ::7] = 0.0
+    else:
+        gate = 3 * torch.randn(capacity, I, generator=gen)
+    gu = torch.cat([gate, torch.randn(capacity, I, generator=gen)], 1)
+    gu[n_rows:] = NAN  # rows past the placed ones: never read into a written row
+    da = torch.randn(capacity, I, generator=gen)
+    cols = 2 * I if backward else I
+    out = torch.full((capacity, cols), SENTINEL, dtype=torch.bfloat16, device="cuda")
+    offsets = _offsets(n_rows).cuda() if use_offsets else None
+    fn, inputs = (_lib.swiglu_bwd, [da, gu]) if backward else (_lib.swiglu_fwd, [gu])
+    fn(*_cuda(*inputs), offsets, 3, 0 if use_offsets else n_rows, I, capacity, out)
+    out = out.cpu()
+    assert bool((out[n_rows:] == SENTINEL).all()), "rows past the rows placed were written"
+    return out[:n_rows], gu[:n_rows, :I], gu[:n_rows, I:], da[:n_rows]
+
+
+SWIGLU = [
+    (8, 5, 9, True),        # I = 8: 2 of 256 threads active; rows from offsets[L], 4 rows of capacity unused
+    (1032, 37, 40, False),  # I = 1032: a second pass over the row (4 x 256 = 1024 columns per pass); fixed_rows
+    (2048, 64, 64, True),   # every row of the capacity placed
+]
+
+
+@pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
+def test_swiglu_fwd_bitwise_where_sigmoid_is_exact(I, n_rows, capacity, use_offsets):
+    a, gate, up, _ = _swiglu_case(False, "saturated", I + n_rows, I, n_rows, capacity, use_offsets)
+    s = torch.where(gate >= 20, 1.0, torch.where(gate <= -90, 0.0, 0.5))  # 0.5 only where g = 0
+    want = ((gate * s) * up).bfloat16()  # silu = g * s, then one fp32 product, then bf16
+    assert bool(want.float().abs().max() > 1) and bool((want == 0).any())  # both regimes present
+    assert_bitwise_equal(a, want, "a = bf16(silu(g) * u)")
+
+
+@pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
+def test_swiglu_bwd_bitwise_where_sigmoid_is_exact(I, n_rows, capacity, use_offsets):
+    dgu, gate, up, d = _swiglu_case(True, "saturated", I + n_rows + 1, I, n_rows, capacity, use_offsets)
+    s = torch.where(gate >= 20, 1.0, 0.0)
+    dsilu = s * (1.0 + gate * (1.0 - s))  # fma(g, 1 - s, 1) = this when s is 0 or 1 (g * (1 - s) exact)
+    assert_bitwise_equal(dgu[:, :I], ((d * up) * dsilu).bfloat16(), "dg = bf16(da * u * silu'(g))")
+    assert_bitwise_equal(dgu[:, I:], (d * (gate * s)).bfloat16(), "du = bf16(da * silu(g))")
+
+
+def _assert_within(name, got, want64, bound):
+    bad = ~((got.double() - want64).abs() <= bound)  # NaN fails
+    if bool(bad.any()):
+        i = tuple(int(j) for j in bad.nonzero()[0])
+        raise AssertionError(f"{name}: {int(bad.sum())} of {bad.numel()} elements out of bound; first at {i}: "
+                             f"got {got[i].item()!r}, float64 {want64[i].item()!r}, bound {bound[i].item()!r}")
+
+
+# fp32 errors before the bf16 rounding: expf <= 2 ULP, then a few roundings, so the fp32 value is within
+# ~5 ULP (2^-24 each) of exact; bf16 rounding adds <= 2^-8 relative. BF16 bounds that, with slack.
+BF16 = 2.0**-8 * (1 + 2.0**-6)
+
+
+@pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
+def test_swiglu_fwd_close_to_float64(I, n_rows, capacity, use_offsets):
+    a, gate, up, _ = (t.double() for t in _swiglu_case(False, "random", I + n_rows + 2, I, n_rows, capacity,
+                                                       use_offsets))
+    want = gate * torch.sigmoid(gate) * up
+    _assert_within("a", a, want, BF16 * want.abs() + 1e-30)
+
+
+@pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
+def test_swiglu_bwd_close_to_float64(I, n_rows, capacity, use_offsets):
+    dgu, gate, up, d = (t.double() for t in _swiglu_case(True, "random", I + n_rows + 3, I, n_rows, capacity,
+                                                         use_offsets))
+    s = torch.sigmoid(gate)
+    want_dg = d * up * s * (1 + gate * (1 - s))
+    want_du = d * gate * s
+    # dsilu = s * (1 + g * (1 - s)) cancels near g = -1.28: its fp32 error is absolute, <= ~10 ULP of s * (1 + |g|)
+    slack = 2.0**-20 * (d * up).abs() * s * (1 + gate.abs())
+    _assert_within("dg", dgu[:, :I], want_dg, BF16 * want_dg.abs() + slack + 1e-30)
+    _assert_within("du", dgu[:, I:], want_du, BF16 * want_du.abs() + 1e-30)
+    # the bound is not vacuous: swapping the halves, or dropping silu', breaks it
+    assert not bool(((dgu[:, I:] - want_dg).abs() <= BF16 * want_dg.abs() + slack).all())
+    assert not bool(((dgu[:, :I] - d * up).abs() <= BF16 * (d * up).abs() + slack).all())
