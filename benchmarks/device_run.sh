@@ -3,7 +3,7 @@
 # example, kernel profile; logs go under $OUT. Run from the repo root. A carried prebuilt library
 # (.build/libmok_fast.so, built here with `python -m mok.fast._build .build/libmok_fast.so`) is used
 # when present; the `build` step checks the normal first-use build (cpp_extension) instead.
-# Usage: bash benchmarks/device_run.sh [tests] [verify] [module] [bench] [train] [pmodule] [profile] [build]
+# Usage: bash benchmarks/device_run.sh [tests] [verify] [module] [bench] [train] [hf] [pmodule] [profile] [build]
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -12,8 +12,11 @@ for step in "$@"; do
   case $step in
     tests) timeout 420 python -m pytest tests/gpu -q -rfE -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/gpu_tests.log" | tail -15;;
     verify) timeout 120 python -m mok.harness.cli verify --device cuda --no-progress 2>&1 | tee "$OUT/verify_cuda.log" | tail -4;;
-    module) timeout 240 python benchmarks/bench_moe.py --module --json "$OUT/module.json" 2>&1 | tee "$OUT/module.log" | tail -8;;
-    bench) timeout 240 python benchmarks/bench_moe.py --methods mok,grouped_mm --routings random --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -9;;
+    module) timeout 240 python benchmarks/bench_moe.py --module --json /tmp/module.json 2>&1 | tee "$OUT/module.log" | tail -16;;
+    bench) timeout 240 python benchmarks/bench_moe.py --methods mok,grouped_mm --routings random --json /tmp/bench.json 2>&1 | tee "$OUT/bench.log" | tail -9;;
+    hf) for impl in "mok --prove" "grouped_mm"; do
+          timeout 240 python examples/train_hf_moe.py --device cuda --steps 50 --experts-implementation $impl 2>&1 | grep -v "^step" | tail -6
+        done 2>&1 | tee "$OUT/hf.log";;
     train) timeout 240 python examples/train_tiny_moe.py --device cuda --prove --out /tmp/train 2>&1 | tail -12 | tee "$OUT/train.log"; cp /tmp/train/loss_curve.png "$OUT/train_loss_curve.png";;
     pmodule) timeout 120 python benchmarks/profile_module.py ${PROFILE_CONFIG:-qwen3-30b-a3b} 2>&1 | grep -v -i warn > "$OUT/profile_module.log"; head -8 "$OUT/profile_module.log"; grep "GPU busy" "$OUT/profile_module.log";;
     profile) timeout 90 python benchmarks/profile_fast.py 2>&1 | grep -v -i warn > "$OUT/profile.log";;
