@@ -1,4 +1,4 @@
-"""The two baselines of shared/bench/BENCHMARKS.md, with autograd for the backward.
+"""The two baselines a user would write instead of mok (benchmarks/RESULTS.md), with autograd for the backward.
 
 grouped_mm path: stable argsort of the flattened ids -> gather rows -> torch._grouped_mm gate and up
 (int32 offsets) -> silu(g)*u -> torch._grouped_mm down -> scale by the routing weight in fp32 ->

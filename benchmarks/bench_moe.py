@@ -1,6 +1,6 @@
-"""Benchmark mok.fast against the grouped_mm path and the naive loop (shared/bench/BENCHMARKS.md).
+"""Benchmark mok.fast against the grouped_mm path and the naive loop (baselines.py; results in RESULTS.md).
 
-For each config of shared/bench/configs.json (and the skewed routing case) it checks every method's
+For each config of benchmarks/configs.json (and the skewed routing case) it checks every method's
 output y and d_x against an fp32 plain implementation, then times forward and forward+backward with
 CUDA events (median of --reps after --warmup), and prints ms, TFLOP/s, ratio to mok, the fraction of
 the bf16 peak measured in the same run (8192^3 matmul) and peak GPU memory.
@@ -30,17 +30,14 @@ from mok.harness.bits import rel_error  # noqa: E402
 from mok.harness.cases import MoEConfig, make_routing  # noqa: E402
 from mok.harness.plain import moe_plain  # noqa: E402
 
-CONFIGS = ROOT / "benchmarks" / "configs.json"  # a copy of shared/bench/configs.json
+CONFIGS = ROOT / "benchmarks" / "configs.json"
 ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up",
         "routed_down")
 WEIGHTS = ("shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up", "routed_down")
 
 
 def load_configs(path: Path) -> list[dict]:
-    for p in (path, ROOT / "shared" / "bench" / "configs.json", ROOT.parent / "shared" / "bench" / "configs.json"):
-        if p.exists():
-            return json.loads(p.read_text())["configs"]
-    raise FileNotFoundError(f"configs.json not found at {path}")
+    return json.loads(Path(path).read_text())["configs"]
 
 
 def make_bench_inputs(c: dict, routing: str, seed: int = 1) -> dict:

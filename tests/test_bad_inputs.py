@@ -1,4 +1,4 @@
-"""SPEC §6: every bad input raises, naming the argument, the expected and the actual value."""
+"""docs/bad_input.md: every bad input raises, naming the argument, the expected and the actual value."""
 
 import os
 import tempfile

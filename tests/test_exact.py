@@ -52,7 +52,7 @@ def test_tree_sum_hand_checked_order(values, expected):
 
 
 def _tree_model(v: list) -> np.float32:
-    """SPEC/docs order written out on numpy float32 scalars, one rounding per add."""
+    """The docs/numerics.md order written out on numpy float32 scalars, one rounding per add."""
     v = [np.float32(x) for x in v]
     if not v:
         return np.float32(0.0)

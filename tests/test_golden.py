@@ -1,5 +1,5 @@
 """Golden files: reproduced bit-exactly by the reference (W = 1 and the W the manifest lists),
-hashes and sizes as SPEC §5 asks, and the regen tool's refusal to overwrite changed bits."""
+hashes and sizes as docs/determinism.md describes, and the regen tool's refusal to overwrite changed bits."""
 
 import json
 import shutil

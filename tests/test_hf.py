@@ -1,6 +1,6 @@
 """Conversion from and to transformers' Qwen3-MoE sparse block, and the accuracy rule against it.
 
-Rule (SPEC §4's, applied to HF): against a float64 evaluation of the same block (bf16-valued weights and
+Rule (docs/determinism.md's 2x rule, applied to HF): against a float64 evaluation of the same block (bf16-valued weights and
 input widened to float64), mok's relative error (‖a − ref‖ / ‖ref‖) is at most twice that of the
 transformers block run in bf16, for y, d_x and every weight gradient.
 """

@@ -180,7 +180,7 @@ def library() -> ctypes.CDLL:
     path = os.environ.get("MOK_FAST_LIB")
     if not path:
         log.warning("mok.fast: compiling the CUDA kernels for sm_90a (first use: about 1 minute on 16 cores, "
-                    "up to 5 on 2); cached in %s", cache_dir() / NAME)
+                    "several on 2); cached in %s", cache_dir() / NAME)
         path = build_with_torch(verbose=os.environ.get("MOK_FAST_VERBOSE") == "1")
     _LIB = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     return _LIB

@@ -72,7 +72,7 @@ class MoE(nn.Module):
         device: parameter device; "meta" allocates nothing and draws nothing (then `to_empty` and
             `reset_parameters`).
 
-    Parameters (SPEC §1 names): w_router_EH [E, H]; w_gate_LIH, w_up_LIH [L, I, H];
+    Parameters (the shape legend of docs/layer.md): w_router_EH [E, H]; w_gate_LIH, w_up_LIH [L, I, H];
     w_down_LHI [L, H, I]; with S > 0 also w_shared_gate_SH, w_shared_up_SH [S, H], w_shared_down_HS [H, S].
     """
 

@@ -1,8 +1,9 @@
 // Memory-bound kernels of the fast path: row gather, SwiGLU forward/backward, the forward
 // combine, the backward pre-combine (d_topk_weight and go), the d_x combine, and the helpers that
 // zero weight gradients of empty experts or poison outputs when the routing flag is set.
-// Every reduction has a fixed order; products and sums are separate fp32 roundings where the
-// contract (SPEC §2) fixes them. bf16 values are stored as raw 16-bit words.
+// Every reduction has a fixed order (docs/layer.md); the combines' products and sums are separate
+// fp32 roundings (__fmul_rn / __fadd_rn). SwiGLU uses expf and lets nvcc contract FMAs: it is
+// deterministic and within the 2x rule, not the reference's bits. bf16 values are raw 16-bit words.
 #include <cuda_bf16.h>
 
 #include <cstdint>
