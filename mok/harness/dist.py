@@ -69,11 +69,14 @@ def timeout_from_env(default: float = DEFAULT_TIMEOUT_S) -> float:
 
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent (the fork server) exits."""
+    parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the launcher still kills workers itself
-        pass
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def _detach_from_fork_server() -> None:
