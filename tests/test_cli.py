@@ -10,6 +10,7 @@ import torch
 import mok.harness.diffgrads as diffgrads
 import mok.harness.verify as verify
 from mok.harness.cli import main
+from mok.harness.golden import CASES
 
 
 @pytest.mark.slow
@@ -210,3 +211,10 @@ def test_diff_grads_worker_failure_exits_1_with_one_line(monkeypatch, capsys):
     assert main(["diff-grads", "--config", "tiny", "--world-sizes", "2", "--no-progress"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == "mok diff-grads: a run failed: rank 1: ValueError: something broke"
+
+
+def test_golden_regen_json_lines(tmp_path, capsys):
+    assert main(["golden", "regen", "--dir", str(tmp_path / "g"), "--json"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["case"], r["status"], r["ok"]) for r in recs[:-1]] == [(c.name, "written", True) for c in CASES]
+    assert recs[-1]["summary"] is True and recs[-1]["refused"] == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -167,6 +168,8 @@ def _golden_regen(args, out: _Out) -> int:
         out.text(f"{case.name}: {labels[status]}", always=status in ("overwritten", "refused"))
         for k, p in report.problems:
             out.text(f"  {k}: {p}", always=True)
+        out.record(case=case.name, ok=status != "refused", status=status,
+                   changes=[{"what": k, "change": p} for k, p in report.problems])
         refused += status == "refused"
         if entry is None:
             entry = old_entries.get(case.name)
@@ -175,6 +178,7 @@ def _golden_regen(args, out: _Out) -> int:
     for name in sorted(set(old_entries) - {c.name for c in CASES}):
         out.text(f"{MANIFEST}: dropped case {name!r} (not in this mok version's case list)", always=True)
     write_manifest(entries, golden_dir)
+    out.record(summary=True, ok=not refused, refused=refused, dir=str(golden_dir))
     return EXIT_FAILED if refused else EXIT_OK
 
 
@@ -293,6 +297,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("mok: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of stdout went away (e.g. `| head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

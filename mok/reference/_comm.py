@@ -9,7 +9,8 @@ per rank (`preflight`): which call it is, whether this rank's arguments passed t
 and the sizes every rank must agree on. So when one rank's arguments are bad or differ from the
 others', every rank raises the same error (naming the argument and the ranks) instead of one rank
 raising while the others wait in a collective until the group's timeout, or gloo aborting on
-mismatched sizes. Every mok collective that can follow a mismatch has a size all ranks agree on.
+mismatched sizes. Only when some rank failed does a second exchange (sizes first, then bytes) carry
+the error messages. Every collective that can follow a mismatch has a size all ranks agree on.
 """
 
 from __future__ import annotations
