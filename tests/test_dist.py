@@ -231,3 +231,33 @@ def test_cli_signal_while_workers_run(tmp_path, sig, code):
     assert rc == code, out + err
     if sig == signal.SIGINT:
         assert err.strip().splitlines()[-1] == "mok: interrupted"
+
+
+_TEARDOWN = """
+import os, sys, tempfile
+import mok.reference  # first, as the docs advise: binds no process group (docs/reliability.md)
+import torch, torch.distributed as dist
+
+def threads():
+    return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+
+dist.init_process_group("gloo", init_method="file://" + os.path.join(tempfile.mkdtemp(), "init"), rank=0,
+                        world_size=1)
+from mok.nn import ops
+ops.router(torch.randn(4, 8), torch.randn(4, 8), 2)  # a custom op: PyTorch imports torch._dynamo here
+during = threads()
+dist.destroy_process_group()
+print(sum("gloo" in t for t in during), sum("gloo" in t for t in threads()))
+os._exit(0)
+"""
+
+
+def test_destroy_process_group_stops_gloo_threads():
+    """The process group must not outlive destroy_process_group (held by torch.distributed.nn.functional's
+    default arguments when that module is first imported after init_process_group): its gloo threads
+    would then be torn down during interpreter shutdown."""
+    r = subprocess.run([sys.executable, "-c", _TEARDOWN], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert r.returncode == 0, r.stderr
+    during, after = map(int, r.stdout.split())
+    assert during > 0 and after == 0, r.stdout + r.stderr  # gloo threads while the group lives, none after

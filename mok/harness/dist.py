@@ -203,7 +203,7 @@ def sigterm_exits():
 @contextmanager
 def _signals_deferred():
     """Hold SIGINT/SIGTERM while cleaning up, so a second Ctrl-C cannot cut the cleanup short."""
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
     held = {signal.SIGINT, signal.SIGTERM}
