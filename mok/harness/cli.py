@@ -284,13 +284,12 @@ def main(argv=None) -> int:
         with sigterm_exits():
             args = build_parser().parse_args(argv)
             _require_harness()
-            out = _Out(command if command != "golden" else f"golden {args.action}", args.json if "json" in args
-                       else False, args.quiet)
+            out = _Out(f"golden {args.action}" if command == "golden" else command, args.json, args.quiet)
             args.progress = not (args.no_progress or args.quiet or out.json)
             return args.func(args, out)
     except UsageError as e:
         msg = str(e) if str(e).startswith("mok") else f"mok: {e}"
-        print(f"{msg}", file=sys.stderr)
+        print(msg, file=sys.stderr)
         if as_json:
             print(json.dumps({"command": command, "error": msg, "exit_code": EXIT_USAGE}), flush=True)
         return EXIT_USAGE
