@@ -7,7 +7,8 @@ no CUDA context), so each launch is a fresh process that costs well under a seco
 - Every worker runs `fn(rank, world_size, group, *args)` (group None for W = 1); the return values
   come back in rank order.
 - A worker that raises or dies makes `launch` kill the other workers at once and raise `WorkerError`
-  with that rank's message. Collectives also time out on their own after `timeout_s`.
+  with the cause's rank and message (not the lost connections it causes elsewhere, see `_cause`).
+  Collectives also time out on their own after `timeout_s`.
 - Ctrl-C (SIGINT) or SIGTERM to the launching process: the workers are killed, the run's temporary
   directory removed, and the signal's exception (KeyboardInterrupt, or SystemExit(143) for SIGTERM)
   propagates. Workers ignore SIGINT (the launcher stops them) and die with their parent, the fork
@@ -25,6 +26,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from contextlib import contextmanager
 from multiprocessing import connection
@@ -113,9 +115,18 @@ def _write_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _report_error(rank: int, tmp: str, e: BaseException) -> None:
+    """Write this rank's error with the time it was raised (CLOCK_MONOTONIC: one clock for the machine),
+    before anything else happens, so the launcher reports the first error, the cause, rather than the
+    "connection closed" errors it then causes on the other ranks."""
+    text = f"{time.monotonic_ns()}\n{type(e).__name__}: {e}\n\n{traceback.format_exc()}"
+    _write_atomic(os.path.join(tmp, f"rank{rank}.err"), text.encode(errors="replace"))
+
+
 def _worker(rank: int, world_size: int, tmp: str, fn, args: tuple, device: str, threads: int,
             timeout_s: float) -> None:
-    """One rank: join the group, run the function, write its result (or its error) to `tmp`."""
+    """One rank: join the group, run the function, write its result (or its error) to `tmp`.
+    On an error the group is not destroyed: the process just ends (the launcher stops the others)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the launcher acts
     _die_with_parent()
     _detach_from_fork_server()
@@ -127,16 +138,13 @@ def _worker(rank: int, world_size: int, tmp: str, fn, args: tuple, device: str, 
             dist.init_process_group(backend, init_method=f"file://{os.path.join(tmp, 'init')}", rank=rank,
                                     world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
             group = dist.group.WORLD
-        try:
-            out = fn(rank, world_size, group, *args)
-        finally:
-            group = None  # the last reference: destroying the group then stops its threads
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        out = fn(rank, world_size, group, *args)
+        group = None  # the last reference: destroying the group then stops its threads
+        if dist.is_initialized():
+            dist.destroy_process_group()
         _write_atomic(os.path.join(tmp, f"rank{rank}.pt"), _to_bytes(out))
     except BaseException as e:  # noqa: BLE001 - reported to the launcher, which reports it to the user
-        text = f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}"
-        _write_atomic(os.path.join(tmp, f"rank{rank}.err"), text.encode(errors="replace"))
+        _report_error(rank, tmp, e)
         raise SystemExit(1) from None
 
 
@@ -151,13 +159,21 @@ def _to_bytes(obj) -> bytes:
 # ---------------------------------------------------------------- in the launching process
 
 
+def _error_report(rank: int, tmp: str) -> tuple[int, str] | None:
+    """(when, text) of the error a worker reported, or None."""
+    try:
+        with open(os.path.join(tmp, f"rank{rank}.err"), encoding="utf-8", errors="replace") as f:
+            when, _, text = f.read().partition("\n")
+    except FileNotFoundError:
+        return None
+    return int(when), text
+
+
 def _failure(rank: int, exitcode: int, tmp: str) -> tuple[str, str]:
     """(one-line message, full report with traceback) of a failed worker."""
-    err = os.path.join(tmp, f"rank{rank}.err")
-    if os.path.exists(err):
-        with open(err, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        return text.split("\n\n", 1)[0], text
+    report = _error_report(rank, tmp)
+    if report is not None:
+        return report[1].split("\n\n", 1)[0], report[1]
     if exitcode < 0:
         try:
             msg = f"died from signal {signal.Signals(-exitcode).name}"
@@ -281,13 +297,30 @@ def _wait(procs: list, tmp: str) -> None:
             if procs[r].exitcode != 0:
                 failed.append(r)
         if failed:
-            # collect ranks that failed at the same moment, to name them all
-            failed += [r for r, p in enumerate(procs) if r not in failed and p.exitcode not in (None, 0)]
-            failed.sort()
-            with_msg = [r for r in failed if os.path.exists(os.path.join(tmp, f"rank{r}.err"))]
-            first = (with_msg or failed)[0]
+            # every rank that has failed or reported an error by now (a report is written before its
+            # process exits, so the cause's report is there even if its exit is not seen yet)
+            reports = {r: rep for r in range(len(procs)) if (rep := _error_report(r, tmp)) is not None}
+            failed = sorted(set(failed) | set(reports)
+                            | {r for r, p in enumerate(procs) if p.exitcode not in (None, 0)})
+            first = _cause(failed, reports)
             msg, details = _failure(first, procs[first].exitcode, tmp)
             raise WorkerError(first, msg, failed, details)
+
+
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker")  # gloo's words
+
+
+def _cause(failed: list[int], reports: dict) -> int:
+    """The rank to blame among `failed`: the earliest error raised that is not a lost connection to a
+    peer; else a rank that died without reporting (a signal, os._exit), which the others' lost
+    connections follow; else the earliest error."""
+    own = {r: when for r, (when, text) in reports.items() if not any(w in text.split("\n\n")[0] for w in _PEER_LOST)}
+    if own:
+        return min(own, key=lambda r: (own[r], r))
+    silent = [r for r in failed if r not in reports]
+    if silent:
+        return silent[0]
+    return min(reports, key=lambda r: (reports[r][0], r))
 
 
 # ---------------------------------------------------------------- the reference over W processes
