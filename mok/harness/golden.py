@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load as load_bytes
-from safetensors.torch import save as save_bytes
 
 from .bits import bit_diff
 from .cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from .files import remove_temp_files, safetensors_bytes, write_atomic
 from ..reference import CONTRACT_VERSION
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"  # package data
@@ -105,61 +103,9 @@ def manifest_entry(case: GoldenCase, tensors: dict) -> dict:
     return {**_case_meta(case), "sha256": {k: tensor_sha256(v) for k, v in sorted(tensors.items())}}
 
 
-# ---------------------------------------------------------------- files: atomic, stable bytes
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a reader (or a crash) sees the old file or the new one, never a part:
-    a temporary file in the same directory, flushed to disk, then os.replace."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-
-
 def remove_stale_temp_files(golden_dir: Path) -> list[str]:
-    """Delete temporary files a killed `write_atomic` left in `golden_dir`; returns their names."""
-    known = [MANIFEST] + [c.file for c in CASES]
-    gone = []
-    for p in Path(golden_dir).glob(".*.tmp"):
-        if any(p.name.startswith(f".{n}.") for n in known):
-            p.unlink(missing_ok=True)
-            gone.append(p.name)
-    return gone
-
-
-def safetensors_bytes(tensors: dict, metadata: dict) -> bytes:
-    """safetensors file bytes with the metadata keys sorted (safetensors itself writes them in a
-    random order per process), so equal tensors and metadata always give equal bytes."""
-    data = save_bytes(tensors, metadata=metadata)
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + n])
-    meta = header.pop("__metadata__", None)
-    canon = ({"__metadata__": dict(sorted(meta.items()))} if meta else {}) | header
-    text = json.dumps(canon, separators=(",", ":")).encode()
-    if len(text) > n:  # cannot happen: same content, other order
-        raise AssertionError(f"header: expected at most {n} bytes after sorting, got {len(text)}")
-    return data[:8] + text.ljust(n, b" ") + data[8 + n :]
+    """Delete the temporary files a killed regen left in `golden_dir`; returns their names."""
+    return remove_temp_files(golden_dir, [MANIFEST] + [c.file for c in CASES])
 
 
 def case_bytes(case: GoldenCase, tensors: dict) -> bytes:
