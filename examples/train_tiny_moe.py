@@ -28,21 +28,18 @@ import math
 import os
 import sys
 import sysconfig
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
 import mok
 from mok.nn import ops
-from mok.reference import all_gather_cat
-from mok.reference import tree_sum
+from mok.reference import all_gather_cat, check_same_across_ranks, tree_sum
 
 ROUTED = ("w_gate_LIH", "w_up_LIH", "w_down_LHI")  # this rank's L experts
 EXPERT_PARAMS = ROUTED + ("w_shared_gate_SH", "w_shared_up_SH", "w_shared_down_HS")  # shared: replicated
@@ -206,11 +203,20 @@ def lr_at(cfg: Config, step: int) -> float:
 # ---------------------------------------------------------------- training
 
 
+def config_digest(cfg: Config) -> int:
+    """63-bit digest of every setting, to compare across ranks."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(repr(sorted(asdict(cfg).items())).encode()).digest()[:8], "little") >> 1
+
+
 def train(cfg: Config, group=None, progress: bool = True):
     """Train; returns (losses fp32 [steps], global weights {name: tensor} on the CPU), same on every rank."""
     W, rank = (1, 0) if group is None else (dist.get_world_size(group), dist.get_rank(group))
     if cfg.n_micro % W or cfg.experts % W:
         raise ValueError(f"world_size: expected a divisor of n_micro = {cfg.n_micro} and experts = {cfg.experts}, got {W}")
+    if group is not None:  # pre-flight: one small collective before any other, so a differing rank fails every rank
+        check_same_across_ranks(config_digest(cfg), "cfg (a digest of the whole Config)", group)
     torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device)
     if device.type == "cuda":  # deterministic cuBLAS workspaces and kernels for the dense parts
@@ -249,27 +255,44 @@ def train(cfg: Config, group=None, progress: bool = True):
     return torch.stack(losses).cpu(), {n: w.cpu().contiguous() for n, w in weights.items()}
 
 
-def _worker(rank, world_size, cfg, init_file, out_path, progress):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    try:
-        result = train(cfg, dist.group.WORLD, progress)
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        torch.save(result, out_path)
+def _rank(rank, world_size, group, cfg, progress):
+    """One expert-parallel process (started by mok.harness.dist.launch): rank 0 returns the result."""
+    result = train(cfg, group, progress)
+    return result if rank == 0 else None
+
+
+def check_config(cfg: Config, world_size: int) -> None:
+    """Raise ValueError naming the first bad setting, before any process starts."""
+    for name in ("steps", "seq", "micro_batch", "n_micro", "layers", "hidden", "heads", "experts", "top_k",
+                 "expert_hidden", "threads"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    if cfg.n_micro % world_size or cfg.experts % world_size:
+        raise ValueError(f"world_size: expected a divisor of n_micro = {cfg.n_micro} and experts = {cfg.experts}, "
+                         f"got {world_size}")
+    if world_size > 1 and cfg.device != "cpu":
+        raise ValueError(f"world_size: W > 1 runs use gloo on the CPU here, got device {cfg.device!r}")
+    if cfg.top_k > cfg.experts:
+        raise ValueError(f"top_k: expected at most experts = {cfg.experts}, got {cfg.top_k}")
+    if cfg.hidden % cfg.heads:
+        raise ValueError(f"heads: expected a divisor of hidden = {cfg.hidden}, got {cfg.heads}")
 
 
 def run(cfg: Config, world_size: int = 1, progress: bool = True):
-    """train() in this process (W = 1) or in W fresh gloo processes (CPU). Returns (losses, weights)."""
+    """train() in this process (W = 1) or in W fresh gloo processes (CPU). Returns (losses, weights).
+
+    W > 1 uses mok.harness.dist.launch: settings are checked before any process starts, a failing
+    process stops all of them with its message, and Ctrl-C or SIGTERM stops them all (docs/reliability.md).
+    """
+    check_config(cfg, world_size)
     if world_size == 1:
         return train(cfg, None, progress)
-    if cfg.device != "cpu":
-        raise ValueError(f"world_size: W > 1 runs use gloo on the CPU here, got device {cfg.device!r}")
-    with tempfile.TemporaryDirectory(prefix="mok-train-") as tmp:
-        out = os.path.join(tmp, "result.pt")
-        mp.start_processes(_worker, args=(world_size, cfg, os.path.join(tmp, "init"), out, progress),
-                           nprocs=world_size, join=True, start_method="spawn")
-        return torch.load(out, weights_only=True)
+    from mok.harness.dist import launch
+
+    return launch(_rank, (cfg, progress), world_size, threads=cfg.threads)[0]
 
 
 def save(out_dir: str, tag: str, losses, weights) -> None:
@@ -326,11 +349,24 @@ def main(argv=None):
     ap.add_argument("--out", default="train_tiny_moe_out")
     args = ap.parse_args(argv)
     cfg = Config(steps=args.steps, device=args.device, threads=args.threads, seed=args.seed)
+    plan = [(1, "w1_run1"), (1, "w1_run2")] + ([(2, "w2")] if cfg.device == "cpu" else []) if args.prove else \
+        [(args.world_size, f"w{args.world_size}")]
+    for W, _ in plan:  # every setting is checked before anything runs: exit 2 naming the argument
+        try:
+            check_config(cfg, W)
+        except ValueError as e:
+            ap.error(str(e).replace("world_size:", "--world-size:", 1))
+    try:
+        return _main(args, cfg, plan)
+    except KeyboardInterrupt:  # the launcher has stopped every process and removed its files
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args, cfg: Config, plan: list) -> int:
     os.makedirs(args.out, exist_ok=True)
     print(f"config: {asdict(cfg)}")
     curves, results = {}, {}
-    plan = [(1, "w1_run1"), (1, "w1_run2")] + ([(2, "w2")] if cfg.device == "cpu" else []) if args.prove else \
-        [(args.world_size, f"w{args.world_size}")]
     for W, tag in plan:
         t0 = time.time()
         results[tag] = run(cfg, W)

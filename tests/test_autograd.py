@@ -1,8 +1,10 @@
 """mok.reference.moe under autograd gives the functional backward's bits."""
 
 import pytest
+import torch
 
 from mok import reference
+from mok.nn import ops
 from mok.harness.bits import assert_bitwise_equal
 from mok.harness.cases import DEFAULT, LAYER_ARGS, MoEConfig, make_inputs
 from mok.harness.fast_checks import GRAD_OF
@@ -74,3 +76,56 @@ def test_non_contiguous_dy():
     y.backward(dy_t)
     assert_bitwise_equal(leaves["x"].grad, want["d_x"], "x.grad")
     assert_bitwise_equal(leaves["routed_gate"].grad, want["d_routed_gate"].bfloat16(), "routed_gate.grad")
+
+
+# ---------------------------------------------------------------- autograd semantics, as mok.nn.ops.moe
+
+SMALL = MoEConfig(T=8, H=16, I=8, E=4, K=2, S=8)
+IMPLS = {"reference.moe": reference.moe, "ops.moe": ops.moe}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("arg", ["x", "routed_gate", "shared_down", "topk_weight"])
+def test_inplace_change_after_forward_is_caught(impl, arg):
+    """Saved inputs carry version counters: changing one in place before backward is PyTorch's usual error."""
+    inputs = make_inputs(SMALL, seed=4)
+    leaves = _leaves(inputs)
+    y = IMPLS[impl](*(leaves[a] for a in LAYER_ARGS))
+    with torch.no_grad():
+        leaves[arg].add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(inputs["dy"])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_retain_graph_second_backward_gives_the_same_bits(impl):
+    inputs = make_inputs(SMALL, seed=5)
+    want = run_layer(inputs)
+    leaves = _leaves(inputs)
+    y = IMPLS[impl](*(leaves[a] for a in LAYER_ARGS))
+    wrt = [leaves[a] for a in GRAD_OF if inputs[a] is not None]
+    first = torch.autograd.grad(y, wrt, inputs["dy"], retain_graph=True)
+    second = torch.autograd.grad(y, wrt, inputs["dy"])
+    for arg, a, b in zip([a for a in GRAD_OF if inputs[a] is not None], first, second):
+        assert_bitwise_equal(b, a, f"{arg}: second backward")
+        assert_bitwise_equal(a, want[GRAD_OF[arg]].to(inputs[arg].dtype), f"{arg}: vs functional")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        torch.autograd.grad(y, wrt, inputs["dy"])  # the graph was freed by the second call
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dy_requires_grad", [False, True])
+def test_create_graph_gives_gradients_whose_backward_raises(impl, dy_requires_grad):
+    """No double backward: the gradients keep their bits but differentiating them raises (never a
+    silently detached gradient)."""
+    inputs = make_inputs(SMALL, seed=6)
+    want = run_layer(inputs)
+    leaves = _leaves(inputs)
+    y = IMPLS[impl](*(leaves[a] for a in LAYER_ARGS))
+    dy = inputs["dy"].clone().requires_grad_(dy_requires_grad)
+    gx, gw = torch.autograd.grad(y, [leaves["x"], leaves["routed_up"]], dy, create_graph=True)
+    assert_bitwise_equal(gx.detach(), want["d_x"], "d_x")
+    assert_bitwise_equal(gw.detach(), want["d_routed_up"].bfloat16(), "d_routed_up")
+    assert gx.requires_grad and gx.grad_fn is not None
+    with pytest.raises(RuntimeError, match="differentiate twice|no autograd formula"):
+        (gx.float().sum() + gw.float().sum()).backward()

@@ -1,5 +1,6 @@
 """The `mok` command: verify's verdict and exit status, diff-grads' table and exit status."""
 
+import json
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import torch
 import mok.harness.diffgrads as diffgrads
 import mok.harness.verify as verify
 from mok.harness.cli import main
+from mok.harness.golden import CASES
 
 
 @pytest.mark.slow
@@ -67,3 +69,152 @@ def test_diff_grads_reports_a_difference(monkeypatch, capsys):
 def test_diff_grads_needs_two_seeds():
     with pytest.raises(ValueError, match="seeds"):
         diffgrads.diff_grads(diffgrads.MoEConfig(4, 8, 4, 2, 1), [0], [1])
+
+
+# ---------------------------------------------------------------- exit status, one-line errors, output modes
+
+@pytest.fixture
+def no_workers(monkeypatch):
+    """Fail the test if any worker process would start."""
+    import mok.harness.dist as dist
+
+    def refuse(*a, **k):
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(dist, "launch", refuse)
+
+
+@pytest.mark.parametrize("argv, phrase", [
+    (["diff-grads", "--world-sizes", "0"], "--world-sizes: expected ints >= 1, got 0"),
+    (["diff-grads", "--config", "tiny", "--world-sizes", "3"], "--world-sizes: expected divisors of both E = 4"),
+    (["diff-grads", "--shape", "8,0,8,4,2"], "--shape: expected H >= 1, got H = 0"),
+    (["diff-grads", "--shape", "a,b,c,d,e"], "--shape: expected 'T,H,I,E,K[,S]' (integers), got 'a,b,c,d,e'"),
+    (["diff-grads", "--shape", "8,8,8,4,5"], "--shape: expected K <= E = 4, got K = 5"),
+    (["diff-grads", "--threads", "0"], "--threads: expected an int >= 1, got 0"),
+    (["diff-grads", "--reruns", "1"], "--reruns: expected an int >= 2, got 1"),
+    (["diff-grads", "--seeds", "3", "3"], "--seeds: expected at least 2 distinct seeds"),
+    (["diff-grads", "--config", "tiny", "--routing", "empty_expert", "--shape", "8,8,8,2,2"], "--routing:"),
+    (["diff-grads", "--world-sizes", "a"], "argument --world-sizes: invalid int value: 'a'"),
+    (["diff-grads", "--device", "cuda"], "--device: expected a CUDA GPU"),
+    (["verify", "--device", "cuda"], "--device: expected a CUDA GPU"),
+    (["verify", "--bogus"], "unrecognized arguments: --bogus"),
+    (["golden", "check", "--dir", "/nonexistent/golden"], "--dir: expected an existing directory"),
+    (["golden", "fix"], "argument action: invalid choice: 'fix'"),
+    ([], "the following arguments are required: command"),
+])
+def test_argument_errors_exit_2_with_one_line(no_workers, capsys, argv, phrase):
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and phrase in err and "Traceback" not in err, err
+    assert captured.out == ""
+
+
+def test_bad_timeout_environment_exits_2(no_workers, monkeypatch, capsys):
+    monkeypatch.setenv("MOK_DIST_TIMEOUT_S", "soon")
+    assert main(["diff-grads", "--config", "tiny"]) == 2
+    assert "MOK_DIST_TIMEOUT_S: expected a number of seconds > 0, got 'soon'" in capsys.readouterr().err
+
+
+def test_json_error_record(no_workers, capsys):
+    assert main(["diff-grads", "--threads", "0", "--json"]) == 2
+    rec = json.loads(capsys.readouterr().out)
+    assert rec == {"command": "diff-grads", "error": "mok: --threads: expected an int >= 1, got 0", "exit_code": 2}
+
+
+def test_version(capsys):
+    import mok
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"mok {mok.__version__}"
+
+
+@pytest.mark.parametrize("module", ["tqdm", "safetensors", "numpy"])
+def test_missing_harness_extra_exits_2(monkeypatch, capsys, module):
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
+    assert main(["verify"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"missing: {module}" in err and "pip install 'mok[harness]'" in err
+
+
+def _fake_checks():
+    return [("always equal", lambda: (True, "ok")), ("planted mismatch", lambda: (False, "y: 1 differs"))]
+
+
+def test_verify_json_lines(monkeypatch, capsys):
+    monkeypatch.setattr(verify, "cpu_checks", _fake_checks)
+    assert main(["verify", "--json"]) == 1
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r.get("check") for r in recs[:2]] == ["always equal", "planted mismatch"]
+    assert [r["ok"] for r in recs] == [True, False, False]
+    assert recs[1]["detail"] == "y: 1 differs" and all(r["command"] == "verify" for r in recs)
+    assert recs[2]["summary"] is True and (recs[2]["passed"], recs[2]["failed"]) == (1, 1)
+
+
+def test_verify_quiet_prints_failures_only(monkeypatch, capsys):
+    monkeypatch.setattr(verify, "cpu_checks", _fake_checks)
+    assert main(["verify", "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "planted mismatch" in out and "always equal" not in out and "1 passed, 1 failed" in out
+    assert "mok verify --device" not in out
+
+
+def test_verify_quiet_when_all_pass(monkeypatch, capsys):
+    monkeypatch.setattr(verify, "cpu_checks", lambda: _fake_checks()[:1])
+    assert main(["verify", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == "1 passed, 0 failed"
+
+
+def test_golden_check_json_lines(monkeypatch, capsys):
+    import mok.harness.golden as golden
+
+    def fake(golden_dir, device="cpu", world_sizes=None, on_case=None):
+        reports = [golden.CaseReport("base"), golden.CaseReport("k1", [("k1.safetensors", "missing")])]
+        for r in reports:
+            on_case(r)
+        return reports
+
+    monkeypatch.setattr(golden, "check_all", fake)
+    assert main(["golden", "check", "--json"]) == 1
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert recs[0] == {"command": "golden check", "case": "base", "ok": True, "problems": []}
+    assert recs[1]["problems"] == [{"what": "k1.safetensors", "problem": "missing"}]
+    assert recs[2]["summary"] is True and recs[2]["failed"] == 1 and recs[2]["package_dir"] is True
+
+
+def _fake_world(inputs, W, device="cpu", threads=1):
+    from mok.harness.runner import run_sharded
+    return [run_sharded(inputs, 0, 1, None)]
+
+
+def test_diff_grads_json_lines(monkeypatch, capsys):
+    monkeypatch.setattr(diffgrads, "run_reference_world", _fake_world)
+    assert main(["diff-grads", "--config", "tiny", "--seeds", "0", "1", "--world-sizes", "1", "--json"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["name"] for r in recs[:-1]] == list(diffgrads.OUTPUT_NAMES)
+    assert all(r["ok"] and r["rerun_diff"] == 0 and r["world_diff"] == 0 for r in recs[:-1])
+    assert recs[-1]["summary"] is True and recs[-1]["ok"] is True and recs[-1]["world_sizes"] == [1]
+
+
+def test_diff_grads_worker_failure_exits_1_with_one_line(monkeypatch, capsys):
+    from mok.harness.dist import WorkerError
+
+    def failing(*a, **k):
+        raise WorkerError(1, "ValueError: something broke", [1])
+
+    monkeypatch.setattr(diffgrads, "run_reference_world", failing)
+    assert main(["diff-grads", "--config", "tiny", "--world-sizes", "2", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "mok diff-grads: a run failed: rank 1: ValueError: something broke"
+
+
+def test_golden_regen_json_lines(tmp_path, capsys):
+    assert main(["golden", "regen", "--dir", str(tmp_path / "g"), "--json"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["case"], r["status"], r["ok"]) for r in recs[:-1]] == [(c.name, "written", True) for c in CASES]
+    assert recs[-1]["summary"] is True and recs[-1]["refused"] == 0

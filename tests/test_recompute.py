@@ -1,15 +1,11 @@
 """Activation recomputation: bitwise the same gradients as saving the intermediates (W = 1 and W = 2),
 and it really saves less."""
 
-import os
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import mok
+from mok.harness.dist import launch
 from mok.harness.memory import saved_activation_bytes
 from mok.harness.bits import assert_bitwise_equal
 
@@ -57,17 +53,11 @@ def test_recompute_saves_less():
     assert sizes[False] - sizes[True] == intermediates
 
 
-def _worker(rank, init_file, out_dir, recompute):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        torch.manual_seed(0)
-        m = mok.MoE(H, I, E, K, shared_intermediate_size=S, group=dist.group.WORLD, recompute=recompute)
-        x, dy = _inputs(2 * T)
-        out = _grads(m, x[rank * T:(rank + 1) * T], dy[rank * T:(rank + 1) * T], router_losses=False)
-    finally:
-        dist.destroy_process_group()
-    torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+def _worker(rank, world_size, group, recompute):
+    torch.manual_seed(0)
+    m = mok.MoE(H, I, E, K, shared_intermediate_size=S, group=group, recompute=recompute)
+    x, dy = _inputs(2 * T)
+    return _grads(m, x[rank * T:(rank + 1) * T], dy[rank * T:(rank + 1) * T], router_losses=False)
 
 
 @pytest.mark.slow
@@ -78,10 +68,7 @@ def test_recompute_with_expert_parallelism_matches_single_process():
     ref = _grads(mok.MoE(H, I, E, K, shared_intermediate_size=S), x, dy, router_losses=False)
     L = E // 2
     for recompute in (False, True):
-        with tempfile.TemporaryDirectory() as tmp:
-            mp.start_processes(_worker, args=(os.path.join(tmp, "init"), tmp, recompute), nprocs=2, join=True,
-                               start_method="spawn")
-            parts = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=True) for r in range(2)]
+        parts = launch(_worker, (recompute,), 2)  # 2 gloo processes (mok.harness.dist)
         for name in ("y", "d_x"):
             assert_bitwise_equal(torch.cat([p[name] for p in parts]), ref[name], f"{name} recompute={recompute}")
         for name in ("w_gate_LIH", "w_up_LIH", "w_down_LHI"):  # this rank's experts, rank order

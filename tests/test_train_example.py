@@ -73,6 +73,51 @@ def test_world_size_must_divide_micro_batches(example):
         example.train(_small(example, n_micro=3), group=_FakeGroup(2), progress=False)
 
 
+@pytest.mark.parametrize("kw, W, parts", [
+    (dict(n_micro=3), 2, ("world_size", "n_micro = 3", "got 2")),   # W does not divide the micro-batches
+    (dict(experts=3), 2, ("world_size", "experts = 3", "got 2")),   # nor the experts
+    ({}, 0, ("world_size", "int >= 1", "got 0")),
+    (dict(steps=0), 1, ("steps", "int >= 1", "got 0")),
+    (dict(heads=3), 1, ("heads", "divisor of hidden = 32", "got 3")),
+    (dict(device="cuda"), 2, ("world_size", "gloo on the CPU", "'cuda'")),
+])
+def test_run_checks_settings_before_starting_processes(example, monkeypatch, kw, W, parts):
+    def no_launch(*a, **k):
+        raise AssertionError("a process was started for bad settings")
+
+    import mok.harness.dist
+
+    monkeypatch.setattr(mok.harness.dist, "launch", no_launch)
+    with pytest.raises(ValueError) as info:
+        example.run(_small(example, **kw), W, progress=False)
+    for p in parts:
+        assert p in str(info.value), str(info.value)
+
+
+def test_main_exits_2_on_a_bad_world_size(example, capsys):
+    with pytest.raises(SystemExit) as info:
+        example.main(["--world-size", "3", "--steps", "1"])
+    assert info.value.code == 2 and "--world-size: expected a divisor" in capsys.readouterr().err
+
+
+def _differing_seed(rank, world_size, group):
+    import train_tiny_moe as ex
+
+    cfg = ex.Config(steps=1, seq=8, micro_batch=1, n_micro=2, layers=1, hidden=16, heads=2, experts=2, top_k=1,
+                    expert_hidden=8, shared_hidden=0, warmup=1, corpus_bytes=20_000, seed=rank)
+    ex.train(cfg, group, progress=False)
+
+
+def test_ranks_with_different_configs_fail_at_once(example):
+    """The example's pre-flight: a rank whose Config differs makes every rank raise before training."""
+    from mok.harness.dist import WorkerError, launch
+
+    with pytest.raises(WorkerError) as info:
+        launch(_differing_seed, (), 2, timeout_s=60)
+    assert "cfg (a digest of the whole Config): expected the same value on every rank" in str(info.value)
+    assert "by rank" in str(info.value)  # each rank's digest, in rank order
+
+
 class _FakeGroup:
     def __init__(self, w):
         self.w = w

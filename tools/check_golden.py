@@ -1,4 +1,4 @@
-"""Thin wrapper: `mok golden check` (see mok/cli.py). Run: python tools/check_golden.py --help"""
+"""Thin wrapper: `mok golden check` (mok/harness/cli.py; exit status and --json in docs/reliability.md). Run: python tools/check_golden.py --help"""
 
 import sys
 

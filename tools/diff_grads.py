@@ -1,4 +1,4 @@
-"""Thin wrapper: `mok diff-grads` (see mok/cli.py). Run: python tools/diff_grads.py --help"""
+"""Thin wrapper: `mok diff-grads` (mok/harness/cli.py; exit status and --json in docs/reliability.md). Run: python tools/diff_grads.py --help"""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Thin wrapper: `mok golden regen` (see mok/cli.py). Run: python tools/regen_golden.py --help"""
+"""Thin wrapper: `mok golden regen` (mok/harness/cli.py; exit status and --json in docs/reliability.md). Run: python tools/regen_golden.py --help"""
 
 import sys
 

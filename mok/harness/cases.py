@@ -27,11 +27,24 @@ class MoEConfig:
 
     @classmethod
     def parse(cls, text: str) -> "MoEConfig":
-        """From "T,H,I,E,K,S" (S optional)."""
-        parts = [int(p) for p in text.split(",")]
+        """From "T,H,I,E,K[,S]" (S optional); raises ValueError naming `shape` for anything else."""
+        try:
+            parts = [int(p) for p in text.split(",")]
+        except ValueError:
+            parts = []
         if len(parts) not in (5, 6):
-            raise ValueError(f"shape: expected 'T,H,I,E,K[,S]', got {text!r}")
-        return cls(*parts)
+            raise ValueError(f"shape: expected 'T,H,I,E,K[,S]' (integers), got {text!r}")
+        return cls(*parts).validated()
+
+    def validated(self) -> "MoEConfig":
+        """self, if T, H, I, E, K >= 1, S >= 0 and K <= E; else ValueError naming `shape`."""
+        low = [(n, v) for n, v in self.as_dict().items() if v < (0 if n == "S" else 1)]
+        if low:
+            n, v = low[0]
+            raise ValueError(f"shape: expected {n} >= {0 if n == 'S' else 1}, got {n} = {v}")
+        if self.K > self.E:
+            raise ValueError(f"shape: expected K <= E = {self.E}, got K = {self.K}")
+        return self
 
 
 # The embedded default of `mok verify` and `tools/diff_grads.py`: odd sizes (tree carries),

@@ -5,13 +5,13 @@ Every run is a fresh set of processes (`mok.harness.dist.run_reference_world`), 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from tqdm import tqdm
 
 from .bits import bit_diff
-from .cases import OUTPUT_NAMES, MoEConfig, make_inputs
-from .dist import run_reference_world
+from .cases import OUTPUT_NAMES, ROUTINGS, MoEConfig, make_inputs
+from .dist import check_world_size, run_reference_world
 from .runner import unshard_outputs
 
 
@@ -31,6 +31,11 @@ class TensorVerdict:
     def ok(self) -> bool:
         return not self.present or (self.rerun_diff == 0 and self.world_diff == 0 and self.seeds_differ)
 
+    def record(self) -> dict:
+        """JSON-ready: the tensor's name, its counts of differing elements and max ULP distances (rerun_*,
+        world_*; ulp -1 when not measurable), seeds_differ, present, and ok."""
+        return {**asdict(self), "ok": self.ok}
+
 
 def _fold(v: TensorVerdict, which: str, a, b) -> None:
     d = bit_diff(a, b)
@@ -39,13 +44,41 @@ def _fold(v: TensorVerdict, which: str, a, b) -> None:
     setattr(v, f"{which}_ulp", max(getattr(v, f"{which}_ulp"), ulp))
 
 
+def _int(name: str, v, low: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ValueError(f"{name}: expected an int >= {low}, got {v!r}")
+    return v
+
+
+def check_args(cfg: MoEConfig, seeds, world_sizes, *, routing="random", reruns=2, device="cpu", threads=1) -> None:
+    """Raise ValueError naming the first bad argument, before any process starts."""
+    cfg.validated()
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: expected at least 2 distinct seeds (to show equality is not vacuous), got {list(seeds)}")
+    _int("reruns", reruns, 2)
+    _int("threads", threads, 1)
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing: expected one of {ROUTINGS}, got {routing!r}")
+    if routing == "empty_expert" and cfg.K >= cfg.E:
+        raise ValueError(f"routing: 'empty_expert' needs K < E, got K = {cfg.K}, E = {cfg.E}")
+    if not world_sizes:
+        raise ValueError("world_sizes: expected at least one world size, got none")
+    for W in world_sizes:
+        if isinstance(W, bool) or not isinstance(W, int) or W < 1:
+            raise ValueError(f"world_sizes: expected ints >= 1, got {W!r} in {list(world_sizes)}")
+        if cfg.E % W or cfg.T % W:
+            raise ValueError(f"world_sizes: expected divisors of both E = {cfg.E} and T = {cfg.T} (global tokens), "
+                             f"got {W} in {list(world_sizes)}")
+        check_world_size(W, device)
+
+
 def diff_grads(cfg: MoEConfig, seeds, world_sizes, *, routing="random", reruns=2, device="cpu",
                threads=1, progress=True) -> list[TensorVerdict]:
-    """Run every (seed, W, rerun) in fresh processes and compare outputs bit by bit."""
-    if len(seeds) < 2:
-        raise ValueError(f"seeds: expected at least 2 (to show equality is not vacuous), got {list(seeds)}")
-    if reruns < 2:
-        raise ValueError(f"reruns: expected at least 2, got {reruns}")
+    """Run every (seed, W, rerun) in fresh processes and compare outputs bit by bit.
+
+    Arguments are checked first (`check_args`), so a bad one starts no process.
+    """
+    check_args(cfg, seeds, world_sizes, routing=routing, reruns=reruns, device=device, threads=threads)
     jobs = [(s, W, r) for s in seeds for W in world_sizes for r in range(reruns)]
     runs = {}
     for s, W, r in tqdm(jobs, desc="diff-grads runs", disable=not progress):
@@ -70,8 +103,12 @@ def diff_grads(cfg: MoEConfig, seeds, world_sizes, *, routing="random", reruns=2
     return verdicts
 
 
-def format_table(verdicts: list[TensorVerdict]) -> str:
-    """Plain-text table, one row per tensor."""
+def format_table(verdicts: list[TensorVerdict], only_failures: bool = False) -> str:
+    """Plain-text table, one row per tensor (only_failures: failed rows only; "" when none failed)."""
+    if only_failures:
+        verdicts = [v for v in verdicts if not v.ok]
+        if not verdicts:
+            return ""
 
     def cell(n, ulp):
         return "bit-identical" if n == 0 else f"{n} differ, max {ulp} ULP"

@@ -1,53 +1,349 @@
-"""Run the reference in W real processes joined by a torch.distributed group (gloo on CPU, nccl on GPU).
+"""Run a function in W worker processes joined by a torch.distributed group, and stop them all on any
+failure or signal (docs/reliability.md).
 
-Processes start from a fork server that has imported torch and mok but run nothing (no thread
-pool, no CUDA context), so each launch is a fresh process that costs well under a second.
+Processes start from a fork server that has imported torch and mok but run nothing (no thread pool,
+no CUDA context), so each launch is a fresh process that costs well under a second.
+
+- Every worker runs `fn(rank, world_size, group, *args)` (group None for W = 1); the return values
+  come back in rank order.
+- A worker that raises or dies makes `launch` kill the other workers at once and raise `WorkerError`
+  with the cause's rank and message (not the lost connections it causes elsewhere, see `_cause`).
+  Collectives also time out on their own after `timeout_s`.
+- Ctrl-C (SIGINT) or SIGTERM to the launching process: the workers are killed, the run's temporary
+  directory removed, and the signal's exception (KeyboardInterrupt, or SystemExit(143) for SIGTERM)
+  propagates. Workers ignore SIGINT (the launcher stops them) and die with their parent, the fork
+  server, which exits when the launching process exits, however it exits.
+- Device index of rank r on a GPU: r % device_count (several ranks may share one GPU: gloo then).
 """
 
 from __future__ import annotations
 
+import ctypes
+import datetime
 import os
+import shutil
+import signal
+import sys
 import tempfile
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from multiprocessing import connection
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-_PRELOAD = ["torch", "torch.distributed", "mok.harness.runner", "mok.reference"]
+# torch.distributed.nn.functional first: imported before any process group exists it binds none (see
+# mok/reference/_comm.py), so destroy_process_group really stops a worker's gloo threads
+_PRELOAD = ["torch", "torch.distributed", "torch.distributed.nn.functional", "mok.harness.runner", "mok.reference"]
+TIMEOUT_ENV = "MOK_DIST_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 120.0  # collective (and rendezvous) timeout of the workers' process group
+_KILL_WAIT_S = 10.0  # how long `launch` waits for killed workers to be reaped
 
 
-def _worker(rank, world_size, init_file, payload_path, out_dir, threads, device):
-    torch.set_num_threads(threads)
+class WorkerError(RuntimeError):
+    """A worker process failed: `rank` and its message (exception type and text, or how it died)."""
+
+    def __init__(self, rank: int, message: str, failed: list[int], details: str = ""):
+        others = f" (ranks {failed} failed)" if len(failed) > 1 else ""
+        super().__init__(f"rank {rank}{others}: {message}")
+        self.rank, self.message, self.failed, self.details = rank, message, failed, details
+
+
+def timeout_from_env(default: float = DEFAULT_TIMEOUT_S) -> float:
+    """The collective timeout in seconds: $MOK_DIST_TIMEOUT_S if set (a number > 0), else `default`."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{TIMEOUT_ENV}: expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+# ---------------------------------------------------------------- inside a worker
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the fork server) exits."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the launcher still kills workers itself
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _detach_from_fork_server() -> None:
+    """Close this worker's copy of the launching process's end of the fork server's "alive" pipe, which
+    multiprocessing hands every process the fork server starts. While any worker held it, the fork
+    server would not notice the launching process's death, and so neither exit nor (through the
+    death signal) take the workers with it."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+
+
+def _setup_device(rank: int, world_size: int, device: str) -> str:
+    """Select this rank's device (cuda: GPU rank % device_count) and return the process-group backend:
+    nccl when every rank has its own GPU, gloo when ranks share GPUs or on the CPU."""
+    if device != "cuda":
+        return "gloo"
+    n = torch.cuda.device_count()
+    torch.cuda.set_device(rank % n)
+    return "nccl" if n >= world_size else "gloo"
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _report_error(rank: int, tmp: str, e: BaseException) -> None:
+    """Write this rank's error with the time it was raised (CLOCK_MONOTONIC: one clock for the machine),
+    before anything else happens, so the launcher reports the first error, the cause, rather than the
+    "connection closed" errors it then causes on the other ranks."""
+    text = f"{time.monotonic_ns()}\n{type(e).__name__}: {e}\n\n{traceback.format_exc()}"
+    _write_atomic(os.path.join(tmp, f"rank{rank}.err"), text.encode(errors="replace"))
+
+
+def _worker(rank: int, world_size: int, tmp: str, fn, args: tuple, device: str, threads: int,
+            timeout_s: float) -> None:
+    """One rank: join the group, run the function, write its result (or its error) to `tmp`.
+    On an error the group is not destroyed: the process just ends (the launcher stops the others)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the launcher acts
+    _die_with_parent()
+    _detach_from_fork_server()
+    try:
+        torch.set_num_threads(threads)
+        backend = _setup_device(rank, world_size, device)
+        group = None
+        if world_size > 1:
+            dist.init_process_group(backend, init_method=f"file://{os.path.join(tmp, 'init')}", rank=rank,
+                                    world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+            group = dist.group.WORLD
+        out = fn(rank, world_size, group, *args)
+        group = None  # the last reference: destroying the group then stops its threads
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _write_atomic(os.path.join(tmp, f"rank{rank}.pt"), _to_bytes(out))
+    except BaseException as e:  # noqa: BLE001 - reported to the launcher, which reports it to the user
+        _report_error(rank, tmp, e)
+        raise SystemExit(1) from None
+
+
+def _to_bytes(obj) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- in the launching process
+
+
+def _error_report(rank: int, tmp: str) -> tuple[int, str] | None:
+    """(when, text) of the error a worker reported, or None."""
+    try:
+        with open(os.path.join(tmp, f"rank{rank}.err"), encoding="utf-8", errors="replace") as f:
+            when, _, text = f.read().partition("\n")
+    except FileNotFoundError:
+        return None
+    return int(when), text
+
+
+def _failure(rank: int, exitcode: int, tmp: str) -> tuple[str, str]:
+    """(one-line message, full report with traceback) of a failed worker."""
+    report = _error_report(rank, tmp)
+    if report is not None:
+        return report[1].split("\n\n", 1)[0], report[1]
+    if exitcode < 0:
+        try:
+            msg = f"died from signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            msg = f"died from signal {-exitcode}"
+    else:
+        msg = f"exited with status {exitcode} without reporting an error"
+    return msg, msg
+
+
+def _kill_all(procs: list) -> None:
+    """SIGKILL every worker still running and reap it (bounded)."""
+    for p in procs:
+        if p.exitcode is None:
+            try:
+                p.kill()
+            except (OSError, ValueError):
+                pass
+    for p in procs:
+        try:
+            p.join(_KILL_WAIT_S)
+        except (OSError, ValueError, AssertionError):
+            pass
+
+
+@contextmanager
+def sigterm_exits():
+    """While active (main thread only), SIGTERM raises SystemExit(143) so `finally` blocks run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextmanager
+def _signals_deferred():
+    """Hold SIGINT/SIGTERM while cleaning up, so a second Ctrl-C cannot cut the cleanup short."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def check_world_size(world_size, device: str = "cpu") -> int:
+    """W: an int >= 1 (on cuda, ranks beyond the GPU count share GPUs)."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: expected a CUDA GPU for device 'cuda', found none")
+    return world_size
+
+
+def launch(fn, args: tuple = (), world_size: int = 1, *, device: str = "cpu", threads: int = 1,
+           timeout_s: float | None = None) -> list:
+    """Run `fn(rank, world_size, group, *args)` in `world_size` fresh processes; return their results.
+
+    Args:
+        fn: a picklable function (module level); args: picklable arguments.
+        world_size: W >= 1. W > 1 joins the processes in a process group (gloo on the CPU).
+        device: "cpu" or "cuda" (rank r uses GPU r % device_count).
+        threads: torch threads per process.
+        timeout_s: collective and rendezvous timeout; default `timeout_from_env()` (120 s).
+    Returns:
+        the W return values, rank order.
+    Raises:
+        WorkerError when a worker raises or dies (the others are killed at once).
+    """
+    check_world_size(world_size, device)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads: expected an int >= 1, got {threads!r}")
+    timeout_s = timeout_from_env() if timeout_s is None else float(timeout_s)
+    ctx = mp.get_context("forkserver")
+    mp.set_forkserver_preload(_PRELOAD)  # effective when this process first starts its fork server
+    procs: list = []
+    tmp = None
+    with sigterm_exits():
+        try:
+            tmp = tempfile.mkdtemp(prefix="mok-dist-")
+            for rank in range(world_size):
+                p = ctx.Process(target=_worker, args=(rank, world_size, tmp, fn, tuple(args), device, threads,
+                                                      timeout_s), daemon=False)
+                p.start()
+                procs.append(p)
+            _wait(procs, tmp)
+            results = []
+            for rank in range(world_size):
+                with open(os.path.join(tmp, f"rank{rank}.pt"), "rb") as f:
+                    results.append(torch.load(f, weights_only=True))
+            return results
+        finally:
+            with _signals_deferred():
+                _kill_all(procs)
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait(procs: list, tmp: str) -> None:
+    """Until every worker has exited 0; on the first failure, raise WorkerError (the caller kills the rest)."""
+    pending = {p.sentinel: r for r, p in enumerate(procs)}
+    while pending:
+        ready = connection.wait(list(pending), timeout=1.0)
+        failed = []
+        for s in ready:
+            r = pending.pop(s)
+            procs[r].join()
+            if procs[r].exitcode != 0:
+                failed.append(r)
+        if failed:
+            # every rank that has failed or reported an error by now (a report is written before its
+            # process exits, so the cause's report is there even if its exit is not seen yet)
+            reports = {r: rep for r in range(len(procs)) if (rep := _error_report(r, tmp)) is not None}
+            failed = sorted(set(failed) | set(reports)
+                            | {r for r, p in enumerate(procs) if p.exitcode not in (None, 0)})
+            first = _cause(failed, reports)
+            msg, details = _failure(first, procs[first].exitcode, tmp)
+            raise WorkerError(first, msg, failed, details)
+
+
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker")  # gloo's words
+
+
+def _cause(failed: list[int], reports: dict) -> int:
+    """The rank to blame among `failed`: the earliest error raised that is not a lost connection to a
+    peer; else a rank that died without reporting (a signal, os._exit), which the others' lost
+    connections follow; else the earliest error."""
+    own = {r: when for r, (when, text) in reports.items() if not any(w in text.split("\n\n")[0] for w in _PEER_LOST)}
+    if own:
+        return min(own, key=lambda r: (own[r], r))
+    silent = [r for r in failed if r not in reports]
+    if silent:
+        return silent[0]
+    return min(reports, key=lambda r: (reports[r][0], r))
+
+
+# ---------------------------------------------------------------- the reference over W processes
+
+
+def _reference_rank(rank: int, world_size: int, group, inputs: dict, device: str) -> dict:
     from .runner import run_sharded
 
-    inputs = torch.load(payload_path, weights_only=True)
     if device == "cuda":
-        torch.cuda.set_device(rank)
         inputs = {k: (v.cuda() if v is not None else None) for k, v in inputs.items()}
-    group = None
-    if world_size > 1:
-        backend = "nccl" if device == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-        group = dist.group.WORLD
-    try:
-        out = run_sharded(inputs, rank, world_size, group)
-    finally:
-        if group is not None:
-            dist.destroy_process_group()
-    torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    return run_sharded(inputs, rank, world_size, group)
 
 
-def run_reference_world(inputs: dict, world_size: int, *, threads: int = 1, device: str = "cpu") -> list:
+def run_reference_world(inputs: dict, world_size: int, *, threads: int = 1, device: str = "cpu",
+                        timeout_s: float | None = None) -> list:
     """Forward+backward of the reference on global `inputs` (CPU tensors), split over W fresh processes.
 
+    Arguments are checked here, before any process starts (E and T divisible by W).
     Returns the W per-rank output dicts (CPU tensors), rank order.
     """
-    if device == "cuda" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"world_size: expected at most {torch.cuda.device_count()} (GPUs present), got {world_size}")
-    with tempfile.TemporaryDirectory(prefix="mok-dist-") as tmp:
-        payload = os.path.join(tmp, "inputs.pt")
-        torch.save({k: (v.cpu() if v is not None else None) for k, v in inputs.items()}, payload)
-        mp.set_forkserver_preload(_PRELOAD)  # effective when this process first starts its fork server
-        mp.start_processes(_worker, args=(world_size, os.path.join(tmp, "init"), payload, tmp, threads, device),
-                           nprocs=world_size, join=True, start_method="forkserver")
-        return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=True) for r in range(world_size)]
+    from .runner import shard_inputs
+
+    check_world_size(world_size, device)
+    shard_inputs(inputs, 0, world_size)  # raises for E or T not divisible by W
+    cpu = {k: (v.cpu() if v is not None else None) for k, v in inputs.items()}
+    return launch(_reference_rank, (cpu, device), world_size, device=device, threads=threads, timeout_s=timeout_s)

@@ -7,6 +7,7 @@ fast path is present) its reruns, batch invariance and closeness to the referenc
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ class Check:
     name: str
     ok: bool
     detail: str
+    seconds: float = 0.0
 
 
 def compare_outputs(got: dict, expected: dict) -> tuple[bool, str]:
@@ -155,22 +157,31 @@ def fast_checks(cfg: MoEConfig = DEFAULT, seed: int = 0, reruns: int = 100):
     return checks
 
 
-def run_checks(checks, progress: bool = True) -> list[Check]:
-    """Run every check (an exception is a failure with its message), with a progress bar."""
+def run_checks(checks, progress: bool = True, on_result=None) -> list[Check]:
+    """Run every check (an exception is a failure with its message), with a progress bar (stderr).
+    on_result(check) is called as each one finishes."""
     results = []
     bar = tqdm(checks, desc="mok verify", disable=not progress)
     for name, thunk in bar:
         bar.set_postfix_str(name[:40])
+        t0 = time.perf_counter()
         try:
             ok, detail = thunk()
         except Exception as e:  # reported, never hidden: the row fails with the error
             ok, detail = False, f"{type(e).__name__}: {e}"
-        results.append(Check(name, ok, detail))
+        results.append(Check(name, ok, detail, time.perf_counter() - t0))
+        if on_result:
+            on_result(results[-1])
     return results
 
 
-def format_verdicts(results: list[Check]) -> str:
-    rows = [("check", "verdict", "detail")] + [(r.name, "PASS" if r.ok else "FAIL", r.detail) for r in results]
+def format_verdicts(results: list[Check], only_failures: bool = False) -> str:
+    """The verdict table and an "N passed, M failed" line; only_failures: failed rows only (no header
+    when none failed)."""
+    shown = [r for r in results if not r.ok] if only_failures else results
+    if not shown:
+        return f"{len(results)} passed, 0 failed"
+    rows = [("check", "verdict", "detail")] + [(r.name, "PASS" if r.ok else "FAIL", r.detail) for r in shown]
     w0, w1 = (max(len(r[i]) for r in rows) for i in (0, 1))
     lines = [f"{a.ljust(w0)}  {b.ljust(w1)}  {c}" for a, b, c in rows]
     n_fail = sum(not r.ok for r in results)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
+from torch._C import _functions
 
 from . import _layer as layer
 from ._context import load_context, save_context
@@ -14,7 +14,10 @@ class MoEFunction(torch.autograd.Function):
 
     What backward needs goes through `save_for_backward` (PyTorch's version checks catch an
     in-place change of an input between forward and backward; `retain_graph=True` allows a
-    second backward). Double backward is not supported and raises PyTorch's usual error.
+    second backward with the same bits). Double backward is not supported: with `create_graph=True`
+    the gradients come back attached to a node that raises PyTorch's usual error ("trying to
+    differentiate twice ...") when differentiated, as `@once_differentiable` does, but whether or not
+    dy requires grad (`@once_differentiable` returns them silently detached when it does not).
     The functional backward returns fp32 weight gradients; autograd casts each to its input's dtype.
     """
 
@@ -31,13 +34,27 @@ class MoEFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(fctx, dy):
-        x, idx, w, sg, su, sd, rg, ru, rd, *saved = fctx.saved_tensors
-        shared = (sg, su, sd) if fctx.has_shared else (None, None, None)
-        ctx = load_context(saved, x, idx, w, shared, (rg, ru, rd), fctx.group)
-        d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = layer.backward(ctx, dy.contiguous())
-        return d_x, None, d_w, d_sg, d_su, d_sd, d_rg, d_ru, d_rd, None
+        with torch.no_grad():
+            x, idx, w, sg, su, sd, rg, ru, rd, *saved = fctx.saved_tensors
+            shared = (sg, su, sd) if fctx.has_shared else (None, None, None)
+            ctx = load_context(saved, x, idx, w, shared, (rg, ru, rd), fctx.group)
+            d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = layer.backward(ctx, dy.contiguous())
+        grads = [d_x, None, d_w, d_sg, d_su, d_sd, d_rg, d_ru, d_rd, None]
+        if torch.is_grad_enabled():  # create_graph=True
+            grads = _not_differentiable(grads)
+        return tuple(grads)
+
+
+def _not_differentiable(grads: list) -> list:
+    """The tensors of `grads` (Nones kept) as outputs of a node whose backward raises PyTorch's
+    once-differentiable error."""
+    tensors = [g for g in grads if g is not None]
+    err = _functions.DelayedError(b"trying to differentiate twice a function that was marked with "
+                                  b"@once_differentiable (mok.reference.moe has no double backward)", len(tensors))
+    out = err(*[g.detach().requires_grad_() for g in tensors])
+    out = iter(out if isinstance(out, tuple) else (out,))
+    return [next(out) if g is not None else None for g in grads]
 
 
 def moe(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,

@@ -79,6 +79,19 @@ def _scatter_back(parts_by_rank, f_by_rank, NK: int, H: int, like: torch.Tensor)
     return out
 
 
+_DEVICE_TYPES = {"cpu": 1, "cuda": 2}
+
+
+def _forward_facts(d: Dims | None, x) -> list[tuple[str, str, int]]:
+    """What every rank's forward must agree on (zeros when this rank's arguments failed their checks)."""
+    v = d or Dims(0, 0, 0, 0, 0, 0, 0, 0)
+    dev = _DEVICE_TYPES.get(x.device.type, 3) if d is not None else 0
+    return [("x", "tokens per rank T", v.T), ("x", "hidden size H", v.H), ("topk_idx", "experts per token K", v.K),
+            ("routed_gate", "number of local experts L", v.L), ("routed_gate", "intermediate size I", v.I),
+            ("shared_gate", "shared intermediate size S (0: no shared expert)", v.S),
+            ("x", "device type (1 cpu, 2 cuda)", dev)]
+
+
 def forward(
     x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
     routed_gate, routed_up, routed_down, *, group=None,
@@ -91,14 +104,20 @@ def forward(
         topk_weight: [T, K] fp32, used as given.
         shared_gate, shared_up: [S, H] bf16 or None; shared_down: [H, S] bf16 or None.
         routed_gate, routed_up: [L, I, H] bf16; routed_down: [L, H, I] bf16 (this rank's experts).
-        group: torch.distributed process group for expert parallelism, or None (W = 1).
+        group: torch.distributed process group for expert parallelism, or None (W = 1). Every rank
+            calls forward with the same T, H, K, L, I, S; a rank whose arguments fail their checks or
+            differ makes every rank raise (see `_comm.preflight`).
     Returns:
         (y [T, H] bf16, ctx for `backward`).
     """
     W, rank = comm.world(group)
-    d = check_layer_args(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
-                         routed_gate, routed_up, routed_down, world_size=W)
-    comm.check_same_across_ranks(d.T, "x (tokens per rank T)", group)
+    d, err = None, None
+    try:
+        d = check_layer_args(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
+                             routed_gate, routed_up, routed_down, world_size=W)
+    except Exception as e:  # noqa: BLE001 - the pre-flight raises it on every rank of the group
+        err = e
+    comm.preflight("forward", err, _forward_facts(d, x), group)
     x_NH = comm.all_gather_cat(x.contiguous(), group)
     idx_NK = comm.all_gather_cat(topk_idx.contiguous(), group)
     w_NK = comm.all_gather_cat(topk_weight.contiguous(), group)
@@ -150,8 +169,15 @@ def backward(ctx: Ctx, dy):
         expert). Weight gradients are those of the whole group's loss: routed ones for this
         rank's experts; shared ones summed over all N tokens, identical on every rank.
     """
+    if not isinstance(ctx, Ctx):
+        raise TypeError(f"ctx: expected the Ctx returned by mok.reference.forward, got {type(ctx).__name__}")
     d, group = ctx.dims, ctx.group
-    check_grad_out(dy, d.T, d.H, ctx.x_NH.device)
+    err = None
+    try:
+        check_grad_out(dy, d.T, d.H, ctx.x_NH.device)
+    except Exception as e:  # noqa: BLE001 - the pre-flight raises it on every rank of the group
+        err = e
+    comm.preflight("backward", err, [], group)
     dy = dy.contiguous()
     d_topk_weight = rowwise_dot(dy, ctx.o_TKH)
     dy_NH = comm.all_gather_cat(dy, group)

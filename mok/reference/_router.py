@@ -8,6 +8,9 @@ import torch
 from ._exact import bf16, exp_exact, matmul_exact, rows_outer_sum, sigmoid_exact, tree_sum
 
 SCORES = ("softmax", "sigmoid")
+# normalize: a row whose picked scores sum below the smallest normal fp32 (2^-126; only sigmoid scores
+# of logits all below about -87.3 get there) gets the weights 1/k, and no gradient (docs/reliability.md)
+TINY_SUM = torch.finfo(torch.float32).tiny
 
 
 def gate_logits(x_TH: torch.Tensor, w_EH: torch.Tensor) -> torch.Tensor:
@@ -65,7 +68,9 @@ def route(logits, k: int, *, score: str = "softmax", normalize: bool = True):
 
     Scores: `router_scores`. Top-k: the k largest scores; equal scores go to the lower expert id
     first (a stable descending sort). NaN scores sort first.
-    Weights: the picked scores, divided by their tree_sum over k when `normalize`.
+    Weights: the picked scores, divided by their tree_sum over k when `normalize`; when that sum is
+    below 2^-126, the smallest normal fp32 (zero or subnormal: sigmoid scores of logits all below about
+    -87.3), each weight is 1/k instead (no NaN, no gradient).
 
     Args:
         logits: [T, E] float32 or bfloat16 (bf16 is widened exactly to fp32).
@@ -81,23 +86,35 @@ def route(logits, k: int, *, score: str = "softmax", normalize: bool = True):
         raise TypeError(f"logits: expected dtype torch.float32 or torch.bfloat16, got {logits.dtype}")
     if logits.dim() != 2:
         raise ValueError(f"logits: expected 2 dimensions [T, E], got shape {tuple(logits.shape)}")
-    E = logits.shape[1]
+    _check_route_args(logits.shape[1], k, score, normalize)
+    return _topk(router_scores(logits.float(), score), k, normalize)
+
+
+def _check_route_args(E: int, k, score, normalize) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= E:
         raise ValueError(f"k: expected an int in [1, E = {E}], got {k!r}")
+    _check_score_args(score, normalize)
+
+
+def _check_score_args(score, normalize) -> None:
     if score not in SCORES:
         raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize: expected a bool, got {normalize!r}")
-    return _topk(router_scores(logits.float(), score), k, normalize)
 
 
 def _topk(p_TE: torch.Tensor, k: int, normalize: bool):
-    """(topk_idx [T, k] int64, topk_weight [T, k] fp32) of scores p: stable descending sort, NaN first."""
+    """(topk_idx [T, k] int64, topk_weight [T, k] fp32) of scores p: stable descending sort, NaN first.
+
+    normalize: w = p / tree_sum(p) over the k picked; a row whose sum is below TINY_SUM (2^-126: zero
+    or subnormal, as for sigmoid scores of logits all below about -87.3) gets w = fp32(1) / k on each.
+    """
     order = torch.sort(p_TE, dim=1, descending=True, stable=True).indices
     topk_idx = order[:, :k].contiguous()
     w = torch.gather(p_TE, 1, topk_idx)
     if normalize:
-        w = w / tree_sum(w, dim=1)[:, None]
+        s = tree_sum(w, dim=1)[:, None]
+        w = torch.where(s < TINY_SUM, torch.ones_like(s) / k, w / s)
     return topk_idx, w.contiguous()
 
 
@@ -105,7 +122,8 @@ def route_backward(scores_TE, topk_idx_TK, d_topk_weight_TK, d_scores_TE, score:
     """Gradient of (topk_weight, scores) of `route` with respect to the logits (analytic).
 
     softmax: dl = p * (dp - Σ_e p dp); sigmoid: dl = dp * p * (1 - p); normalize:
-    d p_k = (dw_k - Σ_j w_j dw_j) / Σ_j p_j over the picked k. Every Σ is a `tree_sum`.
+    d p_k = (dw_k - Σ_j w_j dw_j) / Σ_j p_j over the picked k, and 0 in a row where Σ_j p_j < 2^-126
+    (its weights are the constant 1/k, see `route`). Every Σ is a `tree_sum`.
 
     Args:
         scores_TE: [T, E] float32, `router_scores` of the logits; topk_idx_TK: [T, K] int64 (from `route`);
@@ -113,12 +131,14 @@ def route_backward(scores_TE, topk_idx_TK, d_topk_weight_TK, d_scores_TE, score:
     Returns:
         d_logits [T, E] float32.
     """
+    _check_score_args(score, normalize)
     p = scores_TE
     pk = torch.gather(p, 1, topk_idx_TK)
     if normalize:
         s = tree_sum(pk, dim=1)[:, None]
         w = pk / s
         dpk = (d_topk_weight_TK - tree_sum(w * d_topk_weight_TK, dim=1)[:, None]) / s
+        dpk = torch.where(s < TINY_SUM, torch.zeros_like(dpk), dpk)
     else:
         dpk = d_topk_weight_TK
     dp = d_scores_TE + torch.zeros_like(p).scatter(1, topk_idx_TK, dpk)  # ids distinct per row
@@ -135,6 +155,7 @@ def router_forward(x_TH: torch.Tensor, w_EH: torch.Tensor, k: int, score: str, n
     Returns:
         (topk_weight [T, k] fp32, topk_idx [T, k] int64, scores [T, E] fp32, logits [T, E] fp32).
     """
+    _check_route_args(w_EH.shape[0], k, score, normalize)
     logits = gate_logits(x_TH, w_EH)
     p = router_scores(logits, score)
     topk_idx, topk_weight = _topk(p, k, normalize)

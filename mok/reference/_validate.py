@@ -53,6 +53,9 @@ def check_layer_args(
     Does not look at the values of `topk_idx` (see `check_expert_ids`), so it never syncs.
     """
     _tensor("x", x, torch.bfloat16, 2)
+    if x.device.type == "meta":
+        raise ValueError("x: expected a tensor with data (the layer reads the expert ids), got device meta; "
+                         "for shapes only, call mok.nn.ops.moe on meta tensors")
     T, H = x.shape
     _tensor("topk_idx", topk_idx, torch.int64, 2)
     K = topk_idx.shape[1]

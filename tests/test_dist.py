@@ -1,0 +1,266 @@
+"""mok.harness.dist.launch: results in rank order; a failing worker fails the run at once with its
+message; collectives time out; Ctrl-C, SIGTERM and SIGKILL of the launching process leave no process
+and (except SIGKILL) no temporary directory behind. Signals are sent to real processes, with bounded
+waits, and leftovers are found by scanning /proc."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mok.harness.dist import WorkerError, launch
+
+ROOT = Path(__file__).resolve().parent.parent
+BOUND_S = 20  # every run below must end within this
+
+
+def _gather_ranks(rank, world_size, group, extra):
+    out = [torch.empty(1) for _ in range(world_size)]
+    if group is not None:
+        dist.all_gather(out, torch.tensor([float(rank)]), group=group)
+    else:
+        out = [torch.tensor([0.0])]
+    return [int(t) for t in out], extra, torch.get_num_threads()
+
+
+@pytest.mark.parametrize("W", [1, 2, 3])
+def test_results_in_rank_order(W):
+    res = launch(_gather_ranks, ("x",), W, threads=2)
+    assert res == [(list(range(W)), "x", 2)] * W
+
+
+def _fail_or_wait(rank, world_size, group, how):
+    if rank == 1:
+        if how == "raise":
+            raise ValueError("rank 1 has a bad argument")
+        if how == "abort":
+            os.abort()
+        if how == "exit":
+            os._exit(3)
+        time.sleep(3600)  # "hang": alive, never joins the collective
+    dist.all_gather([torch.empty(1) for _ in range(world_size)], torch.ones(1), group=group)
+
+
+@pytest.mark.parametrize("how, timeout_s, blamed, message", [
+    # the cause is named, not the lost connections it causes on ranks 0 and 2
+    ("raise", 600, 1, "ValueError: rank 1 has a bad argument"),
+    ("abort", 600, 1, "died from signal SIGABRT"),
+    ("exit", 600, 1, "exited with status 3 without reporting an error"),
+    ("hang", 3, None, "Timed out"),  # ranks 0 and 2 give up after the collective timeout; rank 1 is killed
+])
+def test_a_failing_worker_stops_the_run_at_once(tmp_path, monkeypatch, how, timeout_s, blamed, message):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        launch(_fail_or_wait, (how,), 3, timeout_s=timeout_s)
+    assert time.monotonic() - t0 < BOUND_S
+    assert message in info.value.message, str(info.value)
+    if blamed is not None:
+        assert info.value.rank == blamed and str(info.value).startswith(f"rank {blamed}"), str(info.value)
+    assert [d for d in tmp_path.iterdir() if d.name.startswith("mok-dist-")] == []  # the run's directory is gone
+    assert _alive(_descendants(os.getpid()) - _forkserver_family()) == set()
+
+
+def test_timeout_from_env_is_checked(monkeypatch):
+    from mok.harness.dist import timeout_from_env
+
+    for bad in ("0", "-1", "abc", "inf", "nan"):
+        monkeypatch.setenv("MOK_DIST_TIMEOUT_S", bad)
+        with pytest.raises(ValueError, match="MOK_DIST_TIMEOUT_S: expected a number of seconds > 0"):
+            timeout_from_env()
+    monkeypatch.setenv("MOK_DIST_TIMEOUT_S", "7.5")
+    assert timeout_from_env() == 7.5
+
+
+@pytest.mark.parametrize("W, device, threads, parts", [
+    (0, "cpu", 1, ("world_size", "int >= 1", "0")),
+    (2, "tpu", 1, ("device", "'cpu' or 'cuda'", "'tpu'")),
+    (2, "cpu", 0, ("threads", "int >= 1", "0")),
+])
+def test_bad_arguments_start_nothing(W, device, threads, parts):
+    with pytest.raises(ValueError) as info:
+        launch(_gather_ranks, ("x",), W, device=device, threads=threads)
+    assert all(p in str(info.value) for p in parts), str(info.value)
+
+
+# ---------------------------------------------------------------- processes in /proc
+
+
+def _stat(pid: int):
+    """(ppid, state, start time) of a live process, or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def _descendants(pid: int) -> set:
+    """{(pid, start time)} of every live descendant of `pid`."""
+    children: dict = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(int(d))
+            if st is not None:
+                children.setdefault(st[0], []).append((int(d), st[2]))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c[0])
+    return out
+
+
+def _alive(procs: set) -> set:
+    """The processes of `procs` still running (same pid and start time; zombies count as gone)."""
+    out = set()
+    for pid, start in procs:
+        st = _stat(pid)
+        if st is not None and st[2] == start and st[1] not in ("Z", "X"):
+            out.add((pid, start))
+    return out
+
+
+def _forkserver_family() -> set:
+    """This test process's own fork server and resource tracker (shared by every launch; not leftovers)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid}
+    return {p for p in _descendants(os.getpid()) if p[0] in pids}
+
+
+_SCRIPT = """
+import os, sys, time
+from mok.harness.dist import launch
+
+def stuck(rank, world_size, group, marks):
+    import torch, torch.distributed as dist
+    open(os.path.join(marks, f"rank{rank}"), "w").close()
+    if rank == 0:
+        time.sleep(3600)
+    dist.all_gather([torch.empty(1) for _ in range(world_size)], torch.ones(1), group=group)  # waits in gloo
+
+if __name__ == "__main__":
+    try:
+        launch(stuck, (sys.argv[2],), int(sys.argv[1]), timeout_s=3600)
+    except KeyboardInterrupt:
+        sys.exit(130)
+"""
+
+
+def _start(tmp_path: Path, argv: list, ready) -> tuple:
+    """Start argv in its own session with TMPDIR = tmp_path/tmp; wait (bounded) until `ready(process)`;
+    return (process, its descendants then)."""
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen(argv, env=env, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # imports and the fork server's start, on a loaded machine
+    while not ready(p):
+        if p.poll() is not None:
+            raise AssertionError(f"exited early ({p.returncode}): {p.communicate()}")
+        if time.monotonic() > deadline:
+            p.kill()
+            raise AssertionError(f"not ready in time: {p.communicate()}")
+        time.sleep(0.05)
+    time.sleep(0.5)  # let the workers reach the collective
+    return p, _descendants(p.pid)
+
+
+def _assert_all_gone(p, family: set, tmp_path: Path, temp_dirs_removed: bool = True) -> tuple:
+    """The process exits within BOUND_S, every process it started is gone soon after, and no
+    mok-dist-* directory is left (unless not expected). Returns (returncode, stdout, stderr)."""
+    try:
+        out, err = p.communicate(timeout=BOUND_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError(f"still running {BOUND_S} s after the signal: {p.communicate()}")
+    deadline = time.monotonic() + 10
+    while _alive(family) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive(family) == set(), f"left running: {_alive(family)}; {out} {err}"
+    left = sorted(d.name for d in (tmp_path / "tmp").iterdir() if d.name.startswith("mok-dist-"))
+    assert (left == []) == temp_dirs_removed, left
+    return p.returncode, out, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c twice", "sigint to main", "sigterm", "sigkill"])
+def test_signals_stop_every_process(tmp_path, how):
+    W = 2
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = tmp_path / "stuck.py"
+    script.write_text(_SCRIPT)
+    p, family = _start(tmp_path, [sys.executable, str(script), str(W), str(marks)],
+                       lambda _: len(list(marks.iterdir())) == W)
+    assert len(family) >= W + 1, family  # the workers and the fork server (and a resource tracker)
+    if how.startswith("ctrl-c"):  # a terminal sends SIGINT to the whole foreground process group
+        os.killpg(p.pid, signal.SIGINT)
+        if how == "ctrl-c twice":
+            time.sleep(0.05)
+            os.killpg(p.pid, signal.SIGINT)
+    else:
+        os.kill(p.pid, {"sigint to main": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[how])
+    code, out, err = _assert_all_gone(p, family, tmp_path, temp_dirs_removed=how != "sigkill")
+    # 130: the script's own exit for KeyboardInterrupt; a second Ctrl-C, delivered once cleanup is done,
+    # may instead end it the default way (killed by SIGINT)
+    assert code in ({"sigterm": (143,), "sigkill": (-9,), "ctrl-c twice": (130, -2)}.get(how, (130,))), err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_cli_signal_while_workers_run(tmp_path, sig, code):
+    """`mok diff-grads`, interrupted while its W = 4 workers exist: exit 143 / 130 in bounded time,
+    nothing left behind."""
+    argv = [sys.executable, "-m", "mok.harness.cli", "diff-grads", "--world-sizes", "4", "--seeds", "0", "1",
+            "--reruns", "20", "--no-progress"]
+    p, family = _start(tmp_path, argv, lambda p: len(_descendants(p.pid)) >= 4 + 2)  # + fork server, tracker
+    if sig == signal.SIGINT:
+        os.killpg(p.pid, sig)  # Ctrl-C
+    else:
+        os.kill(p.pid, sig)
+    rc, out, err = _assert_all_gone(p, family, tmp_path)
+    assert rc == code, out + err
+    if sig == signal.SIGINT:
+        assert err.strip().splitlines()[-1] == "mok: interrupted"
+
+
+_TEARDOWN = """
+import os, sys, tempfile
+import mok.reference  # first, as the docs advise: binds no process group (docs/reliability.md)
+import torch, torch.distributed as dist
+
+def threads():
+    return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+
+dist.init_process_group("gloo", init_method="file://" + os.path.join(tempfile.mkdtemp(), "init"), rank=0,
+                        world_size=1)
+from mok.nn import ops
+ops.router(torch.randn(4, 8), torch.randn(4, 8), 2)  # a custom op: PyTorch imports torch._dynamo here
+during = threads()
+dist.destroy_process_group()
+print(sum("gloo" in t for t in during), sum("gloo" in t for t in threads()))
+os._exit(0)
+"""
+
+
+def test_destroy_process_group_stops_gloo_threads():
+    """The process group must not outlive destroy_process_group (held by torch.distributed.nn.functional's
+    default arguments when that module is first imported after init_process_group): its gloo threads
+    would then be torn down during interpreter shutdown."""
+    r = subprocess.run([sys.executable, "-c", _TEARDOWN], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert r.returncode == 0, r.stderr
+    during, after = map(int, r.stdout.split())
+    assert during > 0 and after == 0, r.stdout + r.stderr  # gloo threads while the group lives, none after

@@ -1,0 +1,92 @@
+"""Expert parallelism with one rank's arguments bad or different from the others': every rank raises
+the same error, naming the argument and the ranks, at once (no rank waits in a collective for the
+group's timeout, none aborts inside gloo). One launch of 2 gloo processes runs every scenario in turn;
+the group stays usable after each error."""
+
+import time
+
+import pytest
+import torch
+
+from mok import reference
+from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
+from mok.harness.dist import launch
+from mok.harness.runner import shard_inputs
+
+CFG = MoEConfig(T=8, H=8, I=4, E=4, K=2, S=4)
+
+
+def _rank_inputs(rank, cfg=CFG, seed=0):
+    return shard_inputs(make_inputs(cfg, seed), rank, 2)
+
+
+def _scenarios(rank):
+    """name -> this rank's (inputs for forward, dy override or None, what to call)."""
+    base = _rank_inputs(rank)
+    one = rank == 1
+    out = {}
+    out["T"] = ({**_rank_inputs(rank, MoEConfig(T=6 + 2 * rank, H=8, I=4, E=4, K=2, S=4))}, None, "forward")
+    out["dtype"] = ({**base, "x": base["x"].float() if one else base["x"]}, None, "forward")
+    out["L"] = ({**base, **({n: base[n][:1] for n in ("routed_gate", "routed_up", "routed_down")} if one else {})},
+                None, "forward")
+    k1 = make_inputs(MoEConfig(T=8, H=8, I=4, E=4, K=1, S=4), 0)
+    out["K"] = (shard_inputs(k1, rank, 2) if one else base, None, "forward")
+    h = make_inputs(MoEConfig(T=8, H=16, I=4, E=4, K=2, S=4), 0)
+    out["H"] = (shard_inputs(h, rank, 2) if one else base, None, "forward")
+    out["S"] = ({**base, **({n: None for n in ("shared_gate", "shared_up", "shared_down")} if one else {})},
+                None, "forward")
+    out["bad id"] = ({**base, "topk_idx": base["topk_idx"].clone().fill_(7) if one else base["topk_idx"]},
+                     None, "forward")
+    out["dy dtype"] = (base, base["dy"].float() if one else base["dy"], "backward")
+    out["dy shape"] = (base, base["dy"][:3] if one else base["dy"], "backward")
+    out["op"] = (base, base["dy"], "forward then backward" if one else "forward, forward")
+    out["ok after errors"] = (base, base["dy"], "backward")
+    return out
+
+
+def _run_scenarios(rank, world_size, group):
+    torch.set_num_threads(1)
+    results = {}
+    for name, (inp, dy, what) in _scenarios(rank).items():
+        t0 = time.perf_counter()
+        try:
+            y, ctx = reference.forward(*(inp[a] for a in LAYER_ARGS), group=group)
+            if what == "backward":
+                reference.backward(ctx, dy)
+            elif what == "forward then backward":  # rank 1 is one call ahead of rank 0
+                reference.backward(ctx, dy)
+            elif what == "forward, forward":
+                reference.forward(*(inp[a] for a in LAYER_ARGS), group=group)
+            results[name] = ("no error", time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 - the test inspects what each rank raised
+            results[name] = (f"{type(e).__name__}: {e}", time.perf_counter() - t0)
+    return results
+
+
+@pytest.fixture(scope="module")
+def by_rank():
+    return launch(_run_scenarios, (), 2, timeout_s=60)
+
+
+@pytest.mark.parametrize("name, parts", [
+    ("T", ["ValueError", "x: expected the same tokens per rank T", "3 on rank 0, 4 on rank 1"]),
+    ("dtype", ["TypeError", "x: expected dtype torch.bfloat16, got torch.float32", "on rank 1 of the group"]),
+    ("L", ["ValueError", "routed_gate: expected the same number of local experts L", "2 on rank 0, 1 on rank 1"]),
+    ("K", ["ValueError", "topk_idx: expected the same experts per token K", "2 on rank 0, 1 on rank 1"]),
+    ("H", ["ValueError", "x: expected the same hidden size H", "8 on rank 0, 16 on rank 1"]),
+    ("S", ["ValueError", "shared_gate: expected the same shared intermediate size S", "4 on rank 0, 0 on rank 1"]),
+    ("bad id", ["ValueError", "topk_idx: expected expert ids in [0, 4), got 7"]),
+    ("dy dtype", ["TypeError", "dy: expected dtype torch.bfloat16, got torch.float32", "on rank 1 of the group"]),
+    ("dy shape", ["ValueError", "dy: expected shape (4, 8), got (3, 8)", "on rank 1 of the group"]),
+    ("op", ["RuntimeError", "expected every rank in the same mok call", "forward on rank 0, backward on rank 1"]),
+])
+def test_every_rank_raises_the_same_error(by_rank, name, parts):
+    msgs = [r[name][0] for r in by_rank]
+    assert msgs[0] == msgs[1], f"ranks raised different errors: {msgs}"
+    for p in parts:
+        assert p in msgs[0], f"{name}: {msgs[0]!r} does not mention {p!r}"
+    assert max(r[name][1] for r in by_rank) < 20, "an error must not wait for a collective timeout"
+
+
+def test_group_still_works_after_the_errors(by_rank):
+    assert [r["ok after errors"][0] for r in by_rank] == ["no error", "no error"]
