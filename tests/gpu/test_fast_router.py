@@ -130,3 +130,24 @@ def test_reruns_and_batch_invariance_bitwise():
         sub_dx = mok.fast.router_backward(x[:n].contiguous(), w, first[2][:n].contiguous(), first[1][:n].contiguous(),
                                           d_tw[:n].contiguous(), None, None, "softmax", True)[0]
         assert_bitwise_equal(sub_dx, grads[0][:n], f"first {n} tokens: d_x")
+
+
+def test_tiny_sigmoid_rows_follow_the_reference_rule():
+    # rows whose picked sigmoid scores sum below 2^-126 get weights 1/k and no weight gradient, as the reference
+    T, E, K = 8, 16, 4
+    logits = torch.randn(T, E, device="cuda")
+    logits[:4] = -120.0 - torch.rand(4, E, device="cuda")  # all picks' scores subnormal or zero
+    scores = torch.empty(T, E, device="cuda")
+    idx = torch.empty(T, K, dtype=torch.int64, device="cuda")
+    tw = torch.empty(T, K, device="cuda")
+    _lib.router_topk(logits, E, K, False, True, scores, idx, tw)
+    rtw, ridx, rp = _ref_on(logits, K, "sigmoid", True)
+    assert_bitwise_equal(idx, ridx, "topk_idx")
+    assert_bitwise_equal(tw, rtw, "topk_weight")
+    assert torch.isfinite(tw).all()
+    d_tw = torch.randn(T, K, device="cuda")
+    hl = torch.empty(T, 2 * E, dtype=torch.bfloat16, device="cuda")
+    _lib.router_bwd(scores, idx, d_tw, None, None, False, True, hl)
+    hi, lo = reference.split_hi_lo(reference.route_backward(rp, ridx, d_tw, torch.zeros_like(rp), "sigmoid", True))
+    assert_bitwise_equal(hl[:, :E], hi, "hi")
+    assert_bitwise_equal(hl[:, E:], lo, "lo")

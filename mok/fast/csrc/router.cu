@@ -157,7 +157,10 @@ __global__ void router_topk_k(const float* logits, int T, int E, int ld, int K, 
   for (int k = lane; k < K; k += 32) {
     const float w = s.p[s.sel[k]];
     topk_idx[(int64_t)t * K + k] = s.sel[k];
-    topk_w[(int64_t)t * K + k] = normalize ? __fdiv_rn(w, denom) : w;
+    // a sum of picked scores below the smallest normal fp32 (all picks' logits below about -87.3 with
+    // sigmoid scores) gives the weights 1/k, as the reference's route (mok/reference/_router.py)
+    const float wn = denom < 1.17549435e-38f ? __fdiv_rn(1.0f, (float)K) : __fdiv_rn(w, denom);
+    topk_w[(int64_t)t * K + k] = normalize ? wn : w;
   }
 }
 
@@ -190,7 +193,7 @@ __global__ void router_bwd_k(const float* scores, const int64_t* topk_idx, const
   }
   for (int k = lane; k < K; k += 32) {
     const float dwk = d_w ? d_w[(int64_t)t * K + k] : 0.0f;
-    const float dpk = normalize ? __fdiv_rn(__fsub_rn(dwk, t1), s_pk) : dwk;
+    const float dpk = !normalize ? dwk : (s_pk < 1.17549435e-38f ? 0.0f : __fdiv_rn(__fsub_rn(dwk, t1), s_pk));
     const int e = (int)topk_idx[(int64_t)t * K + k];
     s.sel[k] = e;
     s.buf[k] = dpk;
