@@ -139,6 +139,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MOK_FAST_CACHE", Path.home() / ".cache" / "mok" / "fast"))
 
 
+def sm90_problem(device) -> str | None:
+    """Why `device` (a CUDA device) cannot run the sm_90a kernels, or None when it is an sm_90 GPU."""
+    import torch
+
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return f"mok.fast needs compute capability 9.0 (sm_90a, H100/H200); {device} has {cap[0]}.{cap[1]}"
+    return None
+
+
 def is_available(device=None) -> tuple[bool, str]:
     """(ok, reason): whether the fast path can run on `device` (default: the current CUDA device),
     without building anything: an sm_90 GPU, and a library to load (MOK_FAST_LIB, already loaded)
@@ -150,9 +160,9 @@ def is_available(device=None) -> tuple[bool, str]:
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.type != "cuda":
         return False, f"{dev} is not a CUDA device"
-    cap = torch.cuda.get_device_capability(dev)
-    if cap != (9, 0):
-        return False, f"mok.fast needs compute capability 9.0 (sm_90a, H100/H200); {dev} has {cap[0]}.{cap[1]}"
+    problem = sm90_problem(dev)
+    if problem:
+        return False, problem
     if _LIB is not None:
         return True, "sm_90 GPU, library loaded"
     if os.environ.get("MOK_FAST_LIB"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..reference import Dims, check_grad_out, check_layer_args
+from ._build import sm90_problem
 
 _NAMES = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down",
           "routed_gate", "routed_up", "routed_down")
@@ -40,9 +41,9 @@ def check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, 
         raise ValueError(f"x: expected a CUDA tensor (mok.fast runs on the GPU), got device {x.device}")
     args = (x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down)
     d = check_layer_args(*args, world_size=1)
-    cap = torch.cuda.get_device_capability(x.device)
-    if cap != (9, 0):
-        raise RuntimeError(f"x: mok.fast needs a compute capability 9.0 GPU (sm_90a); {x.device} is {cap[0]}.{cap[1]}")
+    problem = sm90_problem(x.device)
+    if problem:
+        raise RuntimeError(f"x: {problem}")
     for name, t in zip(_NAMES, args):
         if t is not None:
             _contiguous(name, t)
