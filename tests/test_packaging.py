@@ -20,8 +20,9 @@ def _env():
     return env
 
 
-def _run(cmd, cwd, timeout=300):
-    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+def _run(cmd, cwd, timeout=300, env=None):
+    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env or _env(), capture_output=True, text=True,
+                       timeout=timeout)
     assert r.returncode == 0, f"{cmd} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r.stdout
 
@@ -70,5 +71,6 @@ def test_layer_works_without_the_harness_extras(tmp_path):
             "(y.sum() + rl.load_balance).backward()\n"
             "assert x.grad is not None and m.w_gate_LIH.grad is not None\n"
             "print('ok', mok.__version__)\n")
-    out = _run([sys.executable, "-c", code], cwd=tmp_path)
+    env = {**_env(), "PYTHONPATH": str(ROOT)}  # this tree's mok, whatever else is installed
+    out = _run([sys.executable, "-c", code], cwd=tmp_path, env=env)
     assert out.startswith("ok ")
