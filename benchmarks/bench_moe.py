@@ -6,6 +6,7 @@ CUDA events (median of --reps after --warmup), and prints ms, TFLOP/s, ratio to 
 the bf16 peak measured in the same run (8192^3 matmul) and peak GPU memory.
 
 Usage: python benchmarks/bench_moe.py [--configs a,b] [--routings random,skewed] [--methods mok,grouped_mm,naive]
+       python benchmarks/bench_moe.py --suite   (public model shapes of suite.json, mok vs grouped_mm, random routing)
        python benchmarks/bench_moe.py --module   (mok.MoE vs the mok.fast layer vs a plain PyTorch module)
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from mok.harness.cases import MoEConfig, make_routing  # noqa: E402
 from mok.harness.plain import moe_plain  # noqa: E402
 
 CONFIGS = ROOT / "benchmarks" / "configs.json"
+SUITE = ROOT / "benchmarks" / "suite.json"
 ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up",
         "routed_down")
 WEIGHTS = ("shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up", "routed_down")
@@ -150,8 +152,12 @@ def main() -> None:
     ap.add_argument("--json", default="")
     ap.add_argument("--module", action="store_true",
                     help="time mok.MoE (router + losses + layer) against the layer alone and a plain PyTorch module")
+    ap.add_argument("--suite", action="store_true",
+                    help="the public model shapes of suite.json (Mixtral, Qwen3, OLMoE, DeepSeek), mok vs grouped_mm")
     a = ap.parse_args()
-    configs = load_configs(CONFIGS)
+    if a.suite:
+        a.routings, a.methods = "random", "mok,grouped_mm" if a.methods == ap.get_default("methods") else a.methods
+    configs = load_configs(SUITE if a.suite else CONFIGS)
     if a.configs:
         configs = [c for c in configs if c["name"] in a.configs.split(",")]
     methods = a.methods.split(",")
@@ -209,6 +215,16 @@ def main() -> None:
         sp = f"{mk['fwd_ms'] / r['fwd_ms']:.2f} / {mk['fb_ms'] / r['fb_ms']:.2f}" if mk else "-"
         print(f"| {r['config']} | {r['routing']} | {r['method']} | {r['fwd_ms']:.2f} | {r['fb_ms']:.2f} | "
               f"{r['fb_tflops']:.0f} | {100 * r['fb_tflops'] / peak:.0f}% | {sp} | {r['peak_gib']:.1f} |")
+    slower = []
+    for r in rows:
+        mk = next((q for q in rows if q["config"] == r["config"] and q["routing"] == r["routing"]
+                   and q["method"] == "mok"), None)
+        if mk is None or r is mk:
+            continue
+        lost = [p for p, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fb_ms")) if r[key] < mk[key]]
+        if lost:
+            slower.append(f"{r['config']} {r['routing']} vs {r['method']} ({', '.join(lost)})")
+    print(f"\nmok slower than another method on: {', '.join(slower) if slower else 'none'}")
     if a.json:
         Path(a.json).write_text(json.dumps(dict(peak_tflops=peak, rows=rows), indent=1))
 

@@ -3,7 +3,7 @@
 # example, kernel profile; logs go under $OUT. Run from the repo root. A carried prebuilt library
 # (.build/libmok_fast.so, built here with `python -m mok.fast._build .build/libmok_fast.so`) is used
 # when present; the `build` step checks the normal first-use build (cpp_extension) instead.
-# Usage: bash benchmarks/device_run.sh [tests] [verify] [module] [bench] [train] [hf] [pmodule] [profile] [build]
+# Usage: bash benchmarks/device_run.sh [tests] [verify] [module] [bench] [suite] [train] [hf] [pmodule] [profile] [build]
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -13,6 +13,7 @@ for step in "$@"; do
     tests) timeout 420 python -m pytest tests/gpu -q -rfE -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/gpu_tests.log" | tail -15;;
     verify) timeout 120 python -m mok.harness.cli verify --device cuda --no-progress 2>&1 | tee "$OUT/verify_cuda.log" | tail -4;;
     module) timeout 240 python benchmarks/bench_moe.py --module --json /tmp/module.json 2>&1 | tee "$OUT/module.log" | tail -16;;
+    suite) timeout 300 python benchmarks/bench_moe.py --suite --json /tmp/suite.json 2>&1 | tee "$OUT/suite.log" | tail -28;;
     bench) timeout 240 python benchmarks/bench_moe.py --methods mok,grouped_mm --routings random --json /tmp/bench.json 2>&1 | tee "$OUT/bench.log" | tail -9;;
     hf) for impl in "mok --prove" "grouped_mm"; do
           timeout 240 python examples/train_hf_moe.py --device cuda --steps 50 --experts-implementation $impl 2>&1 | grep -v "^step" | tail -6
