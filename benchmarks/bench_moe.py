@@ -91,8 +91,8 @@ def bf16_peak_tflops() -> float:
 class Method:
     """fwd() -> y; fwd_bwd() -> (y, d_x) for one implementation on fixed inputs."""
 
-    def __init__(self, name: str, inp: dict):
-        self.name, self.inp = name, inp
+    def __init__(self, name: str, inp: dict, weight_grad_dtype: torch.dtype = torch.float32):
+        self.name, self.inp, self.wgrad = name, inp, weight_grad_dtype
         if name != "mok":
             self.leaves = {k: (v.detach().clone().requires_grad_(True) if v is not None and v.is_floating_point()
                                else v) for k, v in inp.items() if k in ARGS}
@@ -107,7 +107,7 @@ class Method:
     def fwd_bwd(self):
         if self.name == "mok":
             y, ctx = mok.fast.forward(*(self.inp[a] for a in ARGS))
-            grads = mok.fast.backward(ctx, self.inp["dy"])
+            grads = mok.fast.backward(ctx, self.inp["dy"], weight_grad_dtype=self.wgrad)
             return y, grads[0]
         for v in self.leaves.values():
             if isinstance(v, torch.Tensor) and v.requires_grad:
@@ -154,7 +154,11 @@ def main() -> None:
                     help="time mok.MoE (router + losses + layer) against the layer alone and a plain PyTorch module")
     ap.add_argument("--suite", action="store_true",
                     help="the public model shapes of suite.json (Mixtral, Qwen3, OLMoE, DeepSeek), mok vs grouped_mm")
+    ap.add_argument("--weight-grads", choices=["fp32", "bf16"], default="",
+                    help="dtype of mok's weight gradients (default fp32; bf16 with --suite, like grouped_mm's "
+                         "gradients of bf16 weights and like mok.MoE with bf16 parameters)")
     a = ap.parse_args()
+    wgrad = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.weight_grads or ("bf16" if a.suite else "fp32")]
     if a.suite:
         a.routings, a.methods = "random", "mok,grouped_mm" if a.methods == ap.get_default("methods") else a.methods
     configs = load_configs(SUITE if a.suite else CONFIGS)
@@ -165,6 +169,7 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, commit {git_rev()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"bf16 peak (8192^3 matmul, median of 10): {peak:.0f} TFLOP/s")
+    print(f"mok weight gradients: {str(wgrad).removeprefix('torch.')} (grouped_mm: the weights' dtype, bf16)")
     if a.module:
         import bench_module
 
@@ -182,7 +187,7 @@ def main() -> None:
             y_ref, dx_ref = oracle(inp)
             torch.cuda.empty_cache()
             for m in methods:
-                meth = Method(m, inp)
+                meth = Method(m, inp, wgrad)
                 y, dx = meth.fwd_bwd()
                 ey, edx = rel_error(y, y_ref), rel_error(dx, dx_ref)
                 ok = ey < 2e-2 and edx < 2e-2

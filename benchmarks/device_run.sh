@@ -13,7 +13,9 @@ for step in "$@"; do
     tests) timeout 420 python -m pytest tests/gpu -q -rfE -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/gpu_tests.log" | tail -15;;
     verify) timeout 120 python -m mok.harness.cli verify --device cuda --no-progress 2>&1 | tee "$OUT/verify_cuda.log" | tail -4;;
     module) timeout 240 python benchmarks/bench_moe.py --module --json /tmp/module.json 2>&1 | tee "$OUT/module.log" | tail -16;;
-    suite) timeout 300 python benchmarks/bench_moe.py --suite --json /tmp/suite.json 2>&1 | tee "$OUT/suite.log" | tail -28;;
+    suite) for g in bf16 fp32; do
+             timeout 200 python benchmarks/bench_moe.py --suite --weight-grads $g 2>&1 | tee "$OUT/suite_${g}_weight_grads.log" | tail -24
+           done;;
     bench) timeout 240 python benchmarks/bench_moe.py --methods mok,grouped_mm --routings random --json /tmp/bench.json 2>&1 | tee "$OUT/bench.log" | tail -9;;
     hf) for impl in "mok --prove" "grouped_mm"; do
           timeout 240 python examples/train_hf_moe.py --device cuda --steps 50 --experts-implementation $impl 2>&1 | grep -v "^step" | tail -6
