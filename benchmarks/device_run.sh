@@ -3,7 +3,7 @@
 # example, kernel profile; logs go under $OUT. Run from the repo root. A carried prebuilt library
 # (.build/libmok_fast.so, built here with `python -m mok.fast._build .build/libmok_fast.so`) is used
 # when present; the `build` step checks the normal first-use build (cpp_extension) instead.
-# Usage: bash benchmarks/device_run.sh [tests] [verify] [module] [bench] [suite] [train] [hf] [pmodule] [profile] [build]
+# Usage: bash benchmarks/device_run.sh [tests] [verify] [module] [bench] [suite] [msuite] [train] [hf] [pmodule] [profile] [build]
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,6 +16,7 @@ for step in "$@"; do
     suite) for g in bf16 fp32; do
              timeout 200 python benchmarks/bench_moe.py --suite --weight-grads $g 2>&1 | tee "$OUT/suite_${g}_weight_grads.log" | tail -24
            done;;
+    msuite) timeout 240 python benchmarks/bench_moe.py --module --suite 2>&1 | tee "$OUT/module_suite.log" | tail -14;;
     bench) timeout 240 python benchmarks/bench_moe.py --methods mok,grouped_mm --routings random --json /tmp/bench.json 2>&1 | tee "$OUT/bench.log" | tail -9;;
     hf) for impl in "mok --prove" "grouped_mm"; do
           timeout 240 python examples/train_hf_moe.py --device cuda --steps 50 --experts-implementation $impl 2>&1 | grep -v "^step" | tail -6
