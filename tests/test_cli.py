@@ -50,7 +50,7 @@ def test_diff_grads_reports_a_difference(monkeypatch, capsys):
     # a fake runner: the second rerun of seed 0 differs in one element of d_x
     calls = {"n": 0}
 
-    def fake_run(inputs, W, device="cpu", threads=1):
+    def fake_run(inputs, W, impl="reference", device="cpu", threads=1):
         from mok.harness.runner import run_sharded
         calls["n"] += 1
         outs = [run_sharded(inputs, r, 1, None) for r in range(1)]
@@ -59,11 +59,24 @@ def test_diff_grads_reports_a_difference(monkeypatch, capsys):
             outs[0]["d_x"].view(-1)[5] = outs[0]["d_x"].view(-1)[5] * 2 + 1
         return outs
 
-    monkeypatch.setattr(diffgrads, "run_reference_world", fake_run)
+    monkeypatch.setattr(diffgrads, "run_world", fake_run)
     assert main(["diff-grads", "--config", "tiny", "--seeds", "0", "1", "--world-sizes", "1", "--no-progress"]) == 1
     out = capsys.readouterr().out
     line = next(l for l in out.splitlines() if l.startswith("d_x "))
     assert "1 differ" in line and "FAIL" in line
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--impl", "fast"], "--impl"),                                  # the fast path needs cuda
+    (["--impl", "fast", "--device", "cuda", "--shape", "8,12,8,4,2"], "--shape"),  # fast on cuda: H % 8 != 0
+])
+def test_diff_grads_fast_impl_arguments_are_checked_before_any_process(argv, flag, monkeypatch, capsys):
+    import mok.harness.cli as cli
+    monkeypatch.setattr(diffgrads, "check_world_size", lambda W, device="cpu": W)  # no GPU needed to get there
+    monkeypatch.setattr(cli, "_require_device", lambda device: None)
+    assert main(["diff-grads", "--seeds", "0", "1", "--world-sizes", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mok: {flag}: "), err
 
 
 def test_diff_grads_needs_two_seeds():
@@ -187,13 +200,13 @@ def test_golden_check_json_lines(monkeypatch, capsys):
     assert recs[2]["summary"] is True and recs[2]["failed"] == 1 and recs[2]["package_dir"] is True
 
 
-def _fake_world(inputs, W, device="cpu", threads=1):
+def _fake_world(inputs, W, impl="reference", device="cpu", threads=1):
     from mok.harness.runner import run_sharded
     return [run_sharded(inputs, 0, 1, None)]
 
 
 def test_diff_grads_json_lines(monkeypatch, capsys):
-    monkeypatch.setattr(diffgrads, "run_reference_world", _fake_world)
+    monkeypatch.setattr(diffgrads, "run_world", _fake_world)
     assert main(["diff-grads", "--config", "tiny", "--seeds", "0", "1", "--world-sizes", "1", "--json"]) == 0
     recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["name"] for r in recs[:-1]] == list(diffgrads.OUTPUT_NAMES)
@@ -207,7 +220,7 @@ def test_diff_grads_worker_failure_exits_1_with_one_line(monkeypatch, capsys):
     def failing(*a, **k):
         raise WorkerError(1, "ValueError: something broke", [1])
 
-    monkeypatch.setattr(diffgrads, "run_reference_world", failing)
+    monkeypatch.setattr(diffgrads, "run_world", failing)
     assert main(["diff-grads", "--config", "tiny", "--world-sizes", "2", "--no-progress"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == "mok diff-grads: a run failed: rank 1: ValueError: something broke"

@@ -172,12 +172,23 @@ def test_explicit_fast_on_cpu_is_pending_with_reason():
     assert m.backend_in_use == "fast" and "not runnable yet" in m.backend_reason
 
 
-def test_fast_status_refuses_expert_parallelism_and_unaligned_sizes():
+def test_fast_status_refuses_unaligned_sizes():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device to get past the device check")
     dev = torch.device("cuda")
-    assert not nn_backend.fast_status(dev, world_size=2)[0]
     assert not nn_backend.fast_status(dev, sizes=(16, 12, 0))[0]
+
+
+def test_auto_does_not_pick_unproven_fast_expert_parallelism(monkeypatch):
+    """With W > 1, "auto" stays on the reference (saying why) until FAST_EP_PROVEN; "fast" is taken as asked."""
+    monkeypatch.setattr(nn_backend, "fast_status", lambda device, **layer: (True, "usable"))
+    cuda = torch.device("cuda")
+    picked, why = nn_backend.resolve("auto", cuda, world_size=2)
+    assert picked == "reference" and "not yet proven" in why and "backend='fast'" in why
+    assert nn_backend.resolve("fast", cuda, world_size=2) == ("fast", "requested")
+    assert nn_backend.resolve("auto", cuda, world_size=1) == ("fast", "usable")
+    monkeypatch.setattr(nn_backend, "FAST_EP_PROVEN", True)
+    assert nn_backend.resolve("auto", cuda, world_size=2) == ("fast", "usable")
 
 
 # ---------------------------------------------------------------- hand-written gradients

@@ -2,29 +2,35 @@
 properties as `mok.reference` (docs/layer.md, docs/determinism.md), built from CUTLASS grouped GEMMs
 and small deterministic kernels (csrc/, shipped inside this package, built on first use).
 
-One GPU (W = 1). See docs/fast_path.md for the pipeline, the bad-id policy (NaN outputs) and the
-expert-parallel plan. `is_available()` says whether it can run here without building anything.
+One GPU, or W ranks with expert parallelism (`group`; docs/expert_parallel.md: peer buffers over CUDA
+IPC, ranks waiting for each other on the device, bits independent of W). See docs/fast_path.md for the
+pipeline and the bad-id policy (NaN outputs). `is_available()` says whether it can run here without
+building anything.
 """
 from __future__ import annotations
 
 import torch
 
+from ..reference import backend_fact, forward_facts, preflight
 from ._backward import run_backward
 from ._build import FastPathUnavailable, is_available
 from ._checks import check_dy, check_group, check_inputs
 from ._context import load_context, save_context, saved_fake
+from ._ep import EPContext, run_backward_ep, run_forward_ep
+from ._ep_buffer import release as release_ep_buffers
 from ._forward import FastContext, run_forward
 from ._router import (load_balance_loss, load_balance_loss_backward, router_backward, router_forward, z_loss,
                       z_loss_backward)
 
-__all__ = ["forward", "backward", "FastContext", "FastPathUnavailable", "is_available", "save_context",
+__all__ = ["forward", "backward", "FastContext", "EPContext", "FastPathUnavailable", "is_available", "save_context",
+           "release_ep_buffers",
            "load_context", "saved_fake", "router_forward", "router_backward", "load_balance_loss",
            "load_balance_loss_backward", "z_loss", "z_loss_backward"]
 
 
 def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
             routed_down, *, group=None):
-    """MoE forward on one Hopper GPU.
+    """MoE forward on Hopper GPUs: one GPU, or this rank's part of an expert-parallel layer.
 
     Args:
         x: [T, H] bf16, CUDA, contiguous; H a multiple of 8.
@@ -32,16 +38,34 @@ def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, route
             a bad id makes every output NaN, see docs/fast_path.md).
         topk_weight: [T, K] fp32, used as given.
         shared_gate, shared_up: [S, H] bf16 or None; shared_down: [H, S] bf16 or None (S % 8 == 0).
-        routed_gate, routed_up: [E, I, H] bf16; routed_down: [E, H, I] bf16 (I % 8 == 0).
-        group: None or a process group of size 1 (expert parallelism is not implemented yet).
+        routed_gate, routed_up: [L, I, H] bf16; routed_down: [L, H, I] bf16 (I % 8 == 0): the L = E / W
+            experts this rank owns (experts [rank*L, (rank+1)*L) of the layer).
+        group: None (W = 1), or the torch.distributed process group of the W expert-parallel ranks
+            (gloo or nccl, used for the pre-flight and the one-time buffer exchange). Every rank calls
+            forward together with the same T, H, K, L, I, S; a rank whose arguments fail or differ makes
+            every rank raise. Token t of rank r is global token r*T + t; the outputs are bitwise those of
+            W = 1 on the concatenated batch. Ranks wait for each other on the device: a rank that does
+            not come traps the others' CUDA contexts after MOK_EP_TIMEOUT_S seconds (default 120).
     Returns:
         (y [T, H] bf16, ctx for `backward`).
     """
-    check_group(group)
-    dims = check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
-                        routed_up, routed_down)
-    return run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
-                       routed_up, routed_down, dims)
+    W = check_group(group)
+    if W == 1:
+        dims = check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
+                            routed_up, routed_down)
+        return run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
+                           routed_up, routed_down, dims)
+    dims, err = None, None
+    try:
+        dims = check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
+                            routed_up, routed_down, world_size=W)
+        if W * dims.T * dims.K >= 2**31:
+            raise ValueError(f"x: expected W*T*K < 2^31 rows on an expert owner, got {W * dims.T * dims.K}")
+    except (TypeError, ValueError, RuntimeError) as e:  # raised on every rank by the pre-flight
+        err = e
+    preflight("forward", err, forward_facts(dims, x, "fast"), group)
+    return run_forward_ep(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
+                          routed_up, routed_down, dims, group)
 
 
 def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32):
@@ -59,7 +83,17 @@ def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32):
     """
     if not isinstance(ctx, FastContext):
         raise ValueError(f"ctx: expected the FastContext from mok.fast.forward, got {type(ctx).__name__}")
-    if weight_grad_dtype not in (torch.float32, torch.bfloat16):
-        raise TypeError(f"weight_grad_dtype: expected torch.float32 or torch.bfloat16, got {weight_grad_dtype}")
-    check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)
-    return run_backward(ctx, dy, weight_grad_dtype)
+    if not isinstance(ctx, EPContext):
+        if weight_grad_dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"weight_grad_dtype: expected torch.float32 or torch.bfloat16, got {weight_grad_dtype}")
+        check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)
+        return run_backward(ctx, dy, weight_grad_dtype)
+    err = None
+    try:
+        if weight_grad_dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"weight_grad_dtype: expected torch.float32 or torch.bfloat16, got {weight_grad_dtype}")
+        check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)
+    except (TypeError, ValueError) as e:  # raised on every rank by the pre-flight
+        err = e
+    preflight("backward", err, [backend_fact("fast")], ctx.group)
+    return run_backward_ep(ctx, dy, weight_grad_dtype)

@@ -37,14 +37,17 @@ def stack_gate_up(rg, ru, sg, su, w_gu, w_gu_s) -> None:
 
 
 def d_act(ctx: FastContext, dy, go_RH, rd, sd):
-    """(da [R, I] fp32, da_s [T, S] fp32 or None): go · W_down[e] and dy · shared_down, one launch."""
-    d, dev, R = ctx.dims, dy.device, go_RH.shape[0]
+    """(da [R, I] fp32, da_s [T, S] fp32 or None): go · W_down[e] and dy · shared_down, one launch.
+    go_RH None: the shared part only (da None); dy None: the routed part only (da_s None)."""
+    d = ctx.dims
     H, I, S, T = d.H, d.I, d.S, d.T
-    da = _empty(dev, torch.float32, R, I)
-    segs = [Segment.expert_rows(ctx.sched.offsets, d.E, I, H, Operand(go_RH, 0, H, H), Operand(rd, H * I, 0, I),
-                                Operand(da, 0, I, I))]
-    da_s = None
-    if S:
+    dev = (go_RH if go_RH is not None else dy).device
+    segs, da, da_s = [], None, None
+    if go_RH is not None:
+        da = _empty(dev, torch.float32, go_RH.shape[0], I)
+        segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, I, H, Operand(go_RH, 0, H, H),
+                                        Operand(rd, H * I, 0, I), Operand(da, 0, I, I)))
+    if S and dy is not None:
         da_s = _empty(dev, torch.float32, T, S)
         segs.append(Segment.all_rows(T, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(da_s, 0, 0, S)))
     _lib.grouped_gemm(_lib.GEMM_NN_F32, segs, dev)
@@ -52,25 +55,31 @@ def d_act(ctx: FastContext, dy, go_RH, rd, sd):
 
 
 def swiglu_backward(ctx: FastContext, da, da_s):
-    """(dgu [R, 2I] bf16, dgu_s [T, 2S] bf16 or None) = [bf16(da*u*silu'(g)) | bf16(da*silu(g))]."""
-    d, dev, R = ctx.dims, da.device, da.shape[0]
-    dgu = _empty(dev, torch.bfloat16, R, 2 * d.I)
-    _lib.swiglu_bwd(da, ctx.gu_R2I, ctx.sched.offsets, d.E, 0, d.I, R, dgu)
-    dgu_s = None
+    """(dgu [R, 2I] bf16, dgu_s [T, 2S] bf16 or None) = [bf16(da*u*silu'(g)) | bf16(da*silu(g))];
+    either part may be None (skipped)."""
+    d = ctx.dims
+    dgu = dgu_s = None
+    if da is not None:
+        R = da.shape[0]
+        dgu = _empty(da.device, torch.bfloat16, R, 2 * d.I)
+        _lib.swiglu_bwd(da, ctx.gu_R2I, ctx.sched.offsets, d.E, 0, d.I, R, dgu)
     if da_s is not None:
-        dgu_s = _empty(dev, torch.bfloat16, d.T, 2 * d.S)
+        dgu_s = _empty(da_s.device, torch.bfloat16, d.T, 2 * d.S)
         _lib.swiglu_bwd(da_s, ctx.gu_s_T2S, None, 0, d.T, d.S, d.T, dgu_s)
     return dgu, dgu_s
 
 
 def d_input_rows(ctx: FastContext, dgu, dgu_s, w_gu, w_gu_s):
-    """(dx rows [R, H] bf16, dx_s [T, H] bf16 or None) = [dg | du] · [W_gate; W_up], one fp32 accumulation."""
-    d, dev, R = ctx.dims, dgu.device, dgu.shape[0]
+    """(dx rows [R, H] bf16, dx_s [T, H] bf16 or None) = [dg | du] · [W_gate; W_up], one fp32 accumulation;
+    dgu None: the shared part only (dx rows None)."""
+    d = ctx.dims
     H, I, S, T = d.H, d.I, d.S, d.T
-    dx_RH = _empty(dev, torch.bfloat16, R, H)
-    segs = [Segment.expert_rows(ctx.sched.offsets, d.E, H, 2 * I, Operand(dgu, 0, 2 * I, 2 * I),
-                                Operand(w_gu, 2 * I * H, 0, H), Operand(dx_RH, 0, H, H))]
-    dxs = None
+    dev = (dgu if dgu is not None else dgu_s).device
+    segs, dx_RH, dxs = [], None, None
+    if dgu is not None:
+        dx_RH = _empty(dev, torch.bfloat16, dgu.shape[0], H)
+        segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, H, 2 * I, Operand(dgu, 0, 2 * I, 2 * I),
+                                        Operand(w_gu, 2 * I * H, 0, H), Operand(dx_RH, 0, H, H)))
     if dgu_s is not None:
         dxs = _empty(dev, torch.bfloat16, T, H)
         segs.append(Segment.all_rows(T, H, 2 * S, Operand(dgu_s, 0, 0, 2 * S), Operand(w_gu_s, 0, 0, H),

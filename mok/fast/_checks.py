@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..reference import Dims, check_grad_out, check_layer_args
+from ..reference import Dims, check_grad_out, check_layer_args, world
 from ._build import sm90_problem
 
 _NAMES = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down",
@@ -21,26 +21,18 @@ def _contiguous(name: str, t: torch.Tensor) -> None:
 
 
 def check_group(group) -> int:
-    """World size of `group` (1 for None); raises NotImplementedError for more than one rank."""
-    if group is None:
-        return 1
-    import torch.distributed as dist
-
-    size = dist.get_world_size(group)
-    if size != 1:
-        raise NotImplementedError(
-            f"group: expected None or a group of size 1 (mok.fast has no expert parallelism yet, "
-            f"see docs/fast_path.md), got a group of size {size}")
-    return 1
+    """World size W of `group` (1 for None); TypeError/ValueError for what is not a live process group."""
+    return world(group)[0]
 
 
 def check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
-                 routed_down) -> Dims:
-    """Validate the layer's inputs (docs/layer.md, docs/bad_input.md) for the fast path; returns their sizes."""
+                 routed_down, world_size: int = 1) -> Dims:
+    """Validate the layer's inputs (docs/layer.md, docs/bad_input.md) for the fast path; returns their sizes
+    (E = L * world_size)."""
     if isinstance(x, torch.Tensor) and x.device.type != "cuda":
         raise ValueError(f"x: expected a CUDA tensor (mok.fast runs on the GPU), got device {x.device}")
     args = (x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down)
-    d = check_layer_args(*args, world_size=1)
+    d = check_layer_args(*args, world_size=world_size)
     problem = sm90_problem(x.device)
     if problem:
         raise RuntimeError(f"x: {problem}")

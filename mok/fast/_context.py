@@ -1,15 +1,18 @@
 """The fast path's forward context as a flat list of tensors, so autograd can save it
 (`ctx.save_for_backward`) and backward can rebuild it without running the forward again.
 
-Layout: offsets int32 [2E+1], pair_row int32 [T*K], flag int32 [1], x_RH bf16 [R, H],
-gu_R2I fp32 [R, 2I], a_RI bf16 [R, I], o_RH bf16 [R, H], gu_s_T2S fp32 [T, 2S] and a_s_TS bf16
-[T, S] ([0, 0] without a shared expert); R = T*K.
+Layout: offsets int32 [2L+1], pair_row int32 [T*K] (W = 1) or row_pair int32 [R] (expert parallel),
+flag int32 [1], x_RH bf16 [R, H], gu_R2I fp32 [R, 2I], a_RI bf16 [R, I], o_RH bf16 [T*K, H] (W = 1: the
+rows; expert parallel: this rank's (t, k) slots), gu_s_T2S fp32 [T, 2S] and a_s_TS bf16 [T, S] ([0, 0]
+without a shared expert); R = W*T*K.
 """
 from __future__ import annotations
 
 import torch
 
+from . import _ep_buffer
 from ._checks import check_group, check_inputs
+from ._ep import EPContext
 from ._forward import FastContext, Schedule
 
 N_SAVED = 9
@@ -21,7 +24,8 @@ def save_context(ctx: FastContext) -> list[torch.Tensor]:
     s = ctx.sched
     gu_s = ctx.gu_s_T2S if ctx.gu_s_T2S is not None else torch.empty(0, 0, dtype=torch.float32, device=dev)
     a_s = ctx.a_s_TS if ctx.a_s_TS is not None else torch.empty(0, 0, dtype=torch.bfloat16, device=dev)
-    return [s.offsets, s.pair_row, s.flag, ctx.x_RH, ctx.gu_R2I, ctx.a_RI, ctx.o_RH, gu_s, a_s]
+    rows = s.row_pair if isinstance(ctx, EPContext) else s.pair_row
+    return [s.offsets, rows, s.flag, ctx.x_RH, ctx.gu_R2I, ctx.a_RI, ctx.o_RH, gu_s, a_s]
 
 
 def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: tuple, group=None) -> FastContext:
@@ -29,26 +33,32 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
     `save_context`'s tensors."""
     if len(saved) != N_SAVED:
         raise ValueError(f"saved: expected the {N_SAVED} tensors of save_context, got {len(saved)}")
-    check_group(group)
-    dims = check_inputs(x, topk_idx, topk_weight, *shared, *routed)
-    offsets, pair_row, flag, x_RH, gu, a_RI, o_RH, gu_s, a_s = saved
+    W = check_group(group)
+    dims = check_inputs(x, topk_idx, topk_weight, *shared, *routed, world_size=W)
+    offsets, rows, flag, x_RH, gu, a_RI, o_RH, gu_s, a_s = saved
     has_shared = shared[0] is not None
-    return FastContext(dims, x, topk_weight, Schedule(offsets, None, pair_row, flag), x_RH, gu, a_RI, o_RH,
-                       (*routed, *shared), gu_s if has_shared else None, a_s if has_shared else None)
+    gu_s, a_s = (gu_s, a_s) if has_shared else (None, None)
+    if W == 1:
+        return FastContext(dims, x, topk_weight, Schedule(offsets, None, rows, flag), x_RH, gu, a_RI, o_RH,
+                           (*routed, *shared), gu_s, a_s)
+    buf = _ep_buffer.get(group, x.device, dims.T, dims.H, dims.K, dims.S)
+    return EPContext(dims, x, topk_weight, Schedule(offsets, rows, None, flag), x_RH, gu, a_RI, o_RH,
+                     (*routed, *shared), gu_s, a_s, buf=buf, group=group)
 
 
 def saved_fake(x, topk_idx, shared: tuple, routed: tuple, rows=None) -> list[torch.Tensor]:
-    """Empty tensors shaped like `save_context`'s (for fake/meta implementations)."""
+    """Empty tensors shaped like `save_context`'s (for fake/meta implementations); rows: R (default
+    T*K, W = 1; the expert-parallel layer's W*T*K)."""
     T, H = x.shape
     K = topk_idx.shape[1]
     E, I, _ = routed[0].shape
     S = shared[0].shape[0] if shared[0] is not None else 0
     Ts = T if S else 0
-    R = T * K
+    R = T * K if rows is None else rows
 
     def e(dtype, *shape):
         return torch.empty(shape, dtype=dtype, device=x.device)
 
     i32, f32, b16 = torch.int32, torch.float32, torch.bfloat16
-    return [e(i32, 2 * E + 1), e(i32, T * K), e(i32, 1), e(b16, R, H), e(f32, R, 2 * I), e(b16, R, I), e(b16, R, H),
+    return [e(i32, 2 * E + 1), e(i32, R), e(i32, 1), e(b16, R, H), e(f32, R, 2 * I), e(b16, R, I), e(b16, T * K, H),
             e(f32, Ts, 2 * S), e(b16, Ts, S)]

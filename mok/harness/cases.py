@@ -13,7 +13,7 @@ ROUTINGS = ("random", "skewed", "empty_expert", "one_expert")
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """Sizes of one layer (SPEC §1 legend; T is the number of global tokens here, W = 1)."""
+    """Sizes of one layer (the shape legend of docs/layer.md; T is the number of global tokens here, W = 1)."""
 
     T: int
     H: int

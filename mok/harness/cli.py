@@ -186,7 +186,8 @@ def _golden_regen(args, out: _Out) -> int:
 
 
 _FLAGS = {"shape": "--shape", "seeds": "--seeds", "world_sizes": "--world-sizes", "reruns": "--reruns",
-          "threads": "--threads", "routing": "--routing", "world_size": "--world-sizes", "device": "--device"}
+          "threads": "--threads", "routing": "--routing", "world_size": "--world-sizes", "device": "--device",
+          "impl": "--impl"}
 
 
 def _as_usage(e: ValueError) -> UsageError:
@@ -198,20 +199,20 @@ def _as_usage(e: ValueError) -> UsageError:
 def _diff_grads(args, out: _Out) -> int:
     from .cases import NAMED, MoEConfig
     from .dist import WorkerError
-    from .diffgrads import check_args, diff_grads, format_table
+    from .diffgrads import check_args, default_impl, diff_grads, format_table
 
     _require_device(args.device)
     _require_timeout()
     try:
         cfg = MoEConfig.parse(args.shape) if args.shape else NAMED[args.config]
         check_args(cfg, args.seeds, args.world_sizes, routing=args.routing, reruns=args.reruns, device=args.device,
-                   threads=args.threads)
+                   threads=args.threads, impl=args.impl)
     except ValueError as e:
         raise _as_usage(e) from None
     t0 = time.perf_counter()
     try:
         verdicts = diff_grads(cfg, args.seeds, args.world_sizes, routing=args.routing, reruns=args.reruns,
-                              device=args.device, threads=args.threads, progress=args.progress)
+                              device=args.device, threads=args.threads, progress=args.progress, impl=args.impl)
     except WorkerError as e:
         print(f"mok diff-grads: a run failed: {e}", file=sys.stderr)
         out.record(summary=True, ok=False, error=str(e))
@@ -219,7 +220,8 @@ def _diff_grads(args, out: _Out) -> int:
     for v in verdicts:
         out.record(**v.record())
     out.text(f"config T,H,I,E,K,S = {cfg.T},{cfg.H},{cfg.I},{cfg.E},{cfg.K},{cfg.S}; seeds {args.seeds}; "
-             f"world sizes {args.world_sizes}; reruns {args.reruns}; device {args.device}")
+             f"world sizes {args.world_sizes}; reruns {args.reruns}; device {args.device}; "
+             f"layer {args.impl or default_impl(args.device)}")
     table = format_table(verdicts, only_failures=out.quiet)
     if table:
         out.text(table, always=True)
@@ -268,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--routing", choices=ROUTINGS, default="random")
     d.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--impl", choices=("reference", "fast"), default=None,
+                   help="the layer to run (fast: on cuda, W ranks sharing the GPUs); default reference, or fast on "
+                        "cuda once the fast path's expert parallelism is proven (docs/expert_parallel.md)")
     _output_flags(d)
     d.set_defaults(func=_diff_grads)
     return p

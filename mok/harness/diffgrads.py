@@ -1,6 +1,7 @@
 """Determinism report: y and all 8 gradients across world sizes, reruns and seeds.
 
-Every run is a fresh set of processes (`mok.harness.dist.run_reference_world`), W = 1 included.
+Every run is a fresh set of processes (`mok.harness.dist.run_world`), W = 1 included; on cuda the W ranks
+share the GPUs (several per GPU when W exceeds their number).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from tqdm import tqdm
 
 from .bits import bit_diff
 from .cases import OUTPUT_NAMES, ROUTINGS, MoEConfig, make_inputs
-from .dist import check_world_size, run_reference_world
-from .runner import unshard_outputs
+from .dist import check_world_size, run_world
+from .runner import IMPLS, unshard_outputs
 
 
 @dataclass
@@ -50,9 +51,27 @@ def _int(name: str, v, low: int) -> int:
     return v
 
 
-def check_args(cfg: MoEConfig, seeds, world_sizes, *, routing="random", reruns=2, device="cpu", threads=1) -> None:
+def default_impl(device: str) -> str:
+    """The layer diff-grads runs by default: the fast path on cuda once its expert parallelism is proven
+    (mok.nn.backend.FAST_EP_PROVEN), else the reference."""
+    from ..nn.backend import FAST_EP_PROVEN
+
+    return "fast" if device == "cuda" and FAST_EP_PROVEN else "reference"
+
+
+def check_args(cfg: MoEConfig, seeds, world_sizes, *, routing="random", reruns=2, device="cpu", threads=1,
+               impl=None) -> None:
     """Raise ValueError naming the first bad argument, before any process starts."""
     cfg.validated()
+    impl = default_impl(device) if impl is None else impl
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    if impl == "fast":
+        if device != "cuda":
+            raise ValueError(f"impl: 'fast' runs on device 'cuda', got device {device!r}")
+        if cfg.H % 8 or cfg.I % 8 or cfg.S % 8:
+            raise ValueError(f"shape: the fast path needs H, I, S multiples of 8, got H={cfg.H} I={cfg.I} S={cfg.S} "
+                             f"(or pass impl 'reference')")
     if len(seeds) < 2 or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: expected at least 2 distinct seeds (to show equality is not vacuous), got {list(seeds)}")
     _int("reruns", reruns, 2)
@@ -73,17 +92,19 @@ def check_args(cfg: MoEConfig, seeds, world_sizes, *, routing="random", reruns=2
 
 
 def diff_grads(cfg: MoEConfig, seeds, world_sizes, *, routing="random", reruns=2, device="cpu",
-               threads=1, progress=True) -> list[TensorVerdict]:
+               threads=1, progress=True, impl=None) -> list[TensorVerdict]:
     """Run every (seed, W, rerun) in fresh processes and compare outputs bit by bit.
 
+    impl: "reference" or "fast" (on cuda, W ranks sharing the GPUs); default `default_impl(device)`.
     Arguments are checked first (`check_args`), so a bad one starts no process.
     """
-    check_args(cfg, seeds, world_sizes, routing=routing, reruns=reruns, device=device, threads=threads)
+    impl = default_impl(device) if impl is None else impl
+    check_args(cfg, seeds, world_sizes, routing=routing, reruns=reruns, device=device, threads=threads, impl=impl)
     jobs = [(s, W, r) for s in seeds for W in world_sizes for r in range(reruns)]
     runs = {}
     for s, W, r in tqdm(jobs, desc="diff-grads runs", disable=not progress):
         inputs = make_inputs(cfg, s, routing)
-        runs[s, W, r] = unshard_outputs(run_reference_world(inputs, W, device=device, threads=threads))
+        runs[s, W, r] = unshard_outputs(run_world(inputs, W, impl=impl, device=device, threads=threads))
     verdicts = []
     base_W = world_sizes[0]
     for name in OUTPUT_NAMES:

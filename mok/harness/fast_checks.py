@@ -1,5 +1,5 @@
 """Helpers for the fast path's tests and benchmark: the plain bf16 comparison implementation with
-autograd, and the 2x error rule (SPEC §4, flash-attention's rule)."""
+autograd, and the 2x error rule (docs/numerics.md, flash-attention's rule)."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""Golden files (SPEC §5): safetensors per case + golden/manifest.json with config, seed,
+"""Golden files (docs/determinism.md, docs/reliability.md): safetensors per case + golden/manifest.json with config, seed,
 contract version and the sha256 of every tensor. The reference must reproduce them bit-exactly.
 
 Which cases and world sizes exist is this module's `CASES`, never the manifest alone: a case missing

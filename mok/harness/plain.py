@@ -1,11 +1,11 @@
 """A plain PyTorch MoE layer (torch.matmul per expert, autograd for gradients), W = 1.
 
 Not bit-defining. Two uses:
-- dtype=torch.float64, spec_rounding=True: an independent float64 evaluation of SPEC §2's
+- dtype=torch.float64, spec_rounding=True: an independent float64 evaluation of docs/layer.md's
   forward with its bf16 rounding points (the oracle the reference is tested against), and
   with spec_rounding=False the exact-math layer whose autograd gradients check the backward.
 - dtype=torch.bfloat16: "a plain bf16 PyTorch implementation", whose error against the
-  reference sets the fast path's tolerance (SPEC §4, flash-attention's rule).
+  reference sets the fast path's tolerance (docs/numerics.md, flash-attention's rule).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def moe_plain(
         shared_gate, shared_up: [S, H] or None; shared_down: [H, S] or None.
         routed_gate, routed_up: [E, I, H]; routed_down: [E, H, I].
         dtype: compute dtype (torch.float64 or torch.bfloat16).
-        spec_rounding: round a, o_k, s and y to bf16 where SPEC §2 does.
+        spec_rounding: round a, o_k, s and y to bf16 where the layer's math (docs/layer.md) does.
     Returns:
         y [T, H] in `dtype` (bf16-valued when spec_rounding).
     """

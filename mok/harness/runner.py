@@ -51,7 +51,23 @@ def unshard_outputs(parts: list) -> dict:
     return out
 
 
-def run_sharded(inputs: dict, rank: int, world_size: int, group) -> dict:
-    """One rank's forward+backward on its shard of global `inputs` (called inside a process group)."""
+IMPLS = ("reference", "fast")
+
+
+def layer_impl(name: str):
+    """The layer implementation called `name`: mok.reference or mok.fast."""
+    if name not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {name!r}")
+    if name == "fast":
+        from .. import fast
+        return fast
+    from .. import reference
+    return reference
+
+
+def run_sharded(inputs: dict, rank: int, world_size: int, group, impl: str = "reference") -> dict:
+    """One rank's forward+backward on its shard of global `inputs` (called inside a process group) with
+    implementation `impl` ("reference" or "fast"); outputs on the CPU."""
     local = shard_inputs(inputs, rank, world_size)
-    return {k: (v.cpu() if v is not None else None) for k, v in run_layer(local, group=group).items()}
+    out = run_layer(local, impl=layer_impl(impl), group=group)
+    return {k: (v.cpu() if v is not None else None) for k, v in out.items()}

@@ -114,7 +114,8 @@ def cuda_checks(cfg: MoEConfig = DEFAULT, seed: int = 0):
 
 
 def fast_checks(cfg: MoEConfig = DEFAULT, seed: int = 0, reruns: int = 100):
-    """mok.fast on the GPU: reruns, batch invariance, and SPEC §4's 2x rule vs the reference."""
+    """mok.fast on the GPU: reruns, batch invariance, expert parallelism (W = 2, 4 processes sharing the
+    GPU, bitwise against W = 1), and the 2x rule vs the reference (docs/numerics.md)."""
     import mok.fast as fast
 
     from .fast_checks import error_table, plain_outputs
@@ -151,8 +152,23 @@ def fast_checks(cfg: MoEConfig = DEFAULT, seed: int = 0, reruns: int = 100):
     def golden_inputs(name):
         return {k: (v.cuda() if v is not None else None) for k, v in load_case(name)[0].items()}
 
+    def expert_parallel(W):  # W processes sharing the GPU(s), against the W = 1 run above
+        from .dist import run_world
+        from .runner import unshard_outputs
+
+        if not first:
+            first.update(run_layer(inputs, impl=fast))
+        got = unshard_outputs(run_world({k: (v.cpu() if v is not None else None) for k, v in inputs.items()}, W,
+                                        impl="fast", device="cuda"))
+        return compare_outputs(got, {k: (v.cpu() if v is not None else None) for k, v in first.items()})
+
     checks = [("fast: reruns", reruns_equal), ("fast: batch invariance", batch_invariance),
               ("fast vs reference: default", lambda: close(inputs))]
+    from ..nn.backend import FAST_EP_PROVEN
+
+    if FAST_EP_PROVEN:
+        checks += [(f"fast: expert parallel W = {W} vs W = 1", lambda W=W: expert_parallel(W)) for W in (2, 4)
+                   if cfg.E % W == 0 and cfg.T % W == 0]
     checks += [(f"fast vs reference: golden {c.name}", lambda c=c: close(golden_inputs(c.name))) for c in CASES]
     return checks
 

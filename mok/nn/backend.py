@@ -11,6 +11,11 @@ import logging
 import torch
 
 CHOICES = ("auto", "reference", "fast")
+# Whether the fast path's expert parallelism has passed its GPU tests (tests/gpu/test_fast_ep.py) on the
+# device machine. Until then "auto" does not pick it for W > 1, `mok verify --device cuda` does not run
+# it and `mok diff-grads --device cuda` runs the reference unless asked (--impl fast); backend="fast" and
+# mok.fast.forward(group=...) use it as asked. See docs/expert_parallel.md, "Status".
+FAST_EP_PROVEN = False
 log = logging.getLogger("mok")
 _announced: set = set()
 
@@ -18,13 +23,11 @@ _announced: set = set()
 def fast_status(device: torch.device, *, world_size: int = 1, sizes: tuple = ()) -> tuple[bool, str]:
     """(usable, reason): whether `mok.fast` can run a layer on `device`, without building it.
 
-    world_size: the layer's W (the fast path is single-GPU for now). sizes: (H, I, S) to check
+    world_size: the layer's W (W > 1: the fast path's expert parallelism). sizes: (H, I, S) to check
     against its alignment rule (multiples of 8; S = 0 allowed).
     """
     if device.type != "cuda":
         return False, f"the layer is on {device}, the fast path needs a CUDA device"
-    if world_size != 1:
-        return False, f"the fast path has no expert parallelism yet (W = {world_size})"
     if any(v % 8 for v in sizes):
         return False, f"the fast path needs H, I, S multiples of 8, got {tuple(sizes)}"
     from ..fast import is_available
@@ -48,6 +51,10 @@ def resolve(requested: str, device: torch.device, **layer) -> tuple[str, str]:
         if not ok and device.type not in ("cpu", "meta"):
             raise ValueError(f"backend: 'fast' cannot run here: {why}")
         return "fast", "requested" if ok else f"requested (not runnable yet: {why})"
+    W = layer.get("world_size", 1)
+    if ok and W > 1 and not FAST_EP_PROVEN:
+        return "reference", (f"the fast path's expert parallelism (W = {W}) is not yet proven on GPUs, so 'auto' "
+                             f"does not pick it; backend='fast' uses it")
     return ("fast", why) if ok else ("reference", why)
 
 

@@ -1,4 +1,4 @@
-"""The reference MoE layer, forward and backward (SPEC §2), bit-exact (docs/numerics.md).
+"""The reference MoE layer, forward and backward (docs/layer.md), bit-exact (docs/numerics.md).
 
 Expert parallelism: every rank gathers the whole group's tokens (N = W * T rows, rank order),
 computes the rows routed to its own L experts in canonical order (global token, then k),
@@ -82,21 +82,30 @@ def _scatter_back(parts_by_rank, f_by_rank, NK: int, H: int, like: torch.Tensor)
 _DEVICE_TYPES = {"cpu": 1, "cuda": 2}
 
 
-def _forward_facts(d: Dims | None, x) -> list[tuple[str, str, int]]:
-    """What every rank's forward must agree on (zeros when this rank's arguments failed their checks)."""
+BACKENDS = {"reference": 0, "fast": 1}  # the implementation code every rank's pre-flight carries
+
+
+def backend_fact(backend: str) -> tuple[str, str, int]:
+    """The pre-flight fact that makes ranks running different implementations raise together."""
+    return ("backend", "layer implementation (0 mok.reference, 1 mok.fast)", BACKENDS[backend])
+
+
+def forward_facts(d: Dims | None, x, backend: str = "reference") -> list[tuple[str, str, int]]:
+    """What every rank's forward must agree on (zeros when this rank's arguments failed their checks),
+    for `preflight`; `backend` names the implementation making the call."""
     v = d or Dims(0, 0, 0, 0, 0, 0, 0, 0)
-    dev = _DEVICE_TYPES.get(x.device.type, 3) if d is not None else 0
+    dev = _DEVICE_TYPES.get(x.device.type, 3) if d is not None and isinstance(x, torch.Tensor) else 0
     return [("x", "tokens per rank T", v.T), ("x", "hidden size H", v.H), ("topk_idx", "experts per token K", v.K),
             ("routed_gate", "number of local experts L", v.L), ("routed_gate", "intermediate size I", v.I),
             ("shared_gate", "shared intermediate size S (0: no shared expert)", v.S),
-            ("x", "device type (1 cpu, 2 cuda)", dev)]
+            ("x", "device type (1 cpu, 2 cuda)", dev), backend_fact(backend)]
 
 
 def forward(
     x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
     routed_gate, routed_up, routed_down, *, group=None,
 ):
-    """Reference MoE forward (SPEC §2).
+    """Reference MoE forward (docs/layer.md).
 
     Args:
         x: [T, H] bf16, this rank's tokens.
@@ -117,7 +126,7 @@ def forward(
                              routed_gate, routed_up, routed_down, world_size=W)
     except Exception as e:  # noqa: BLE001 - the pre-flight raises it on every rank of the group
         err = e
-    comm.preflight("forward", err, _forward_facts(d, x), group)
+    comm.preflight("forward", err, forward_facts(d, x), group)
     x_NH = comm.all_gather_cat(x.contiguous(), group)
     idx_NK = comm.all_gather_cat(topk_idx.contiguous(), group)
     w_NK = comm.all_gather_cat(topk_weight.contiguous(), group)
@@ -157,7 +166,7 @@ def _swiglu_expert_backward(go_RH, x_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w
 
 
 def backward(ctx: Ctx, dy):
-    """Reference MoE backward (SPEC §2).
+    """Reference MoE backward (docs/layer.md).
 
     Args:
         ctx: from `forward`.
@@ -177,7 +186,7 @@ def backward(ctx: Ctx, dy):
         check_grad_out(dy, d.T, d.H, ctx.x_NH.device)
     except Exception as e:  # noqa: BLE001 - the pre-flight raises it on every rank of the group
         err = e
-    comm.preflight("backward", err, [], group)
+    comm.preflight("backward", err, [backend_fact("reference")], group)
     dy = dy.contiguous()
     d_topk_weight = rowwise_dot(dy, ctx.o_TKH)
     dy_NH = comm.all_gather_cat(dy, group)

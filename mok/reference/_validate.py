@@ -1,4 +1,4 @@
-"""Argument checks shared by the reference and the fast path (SPEC §6).
+"""Argument checks shared by the reference and the fast path (docs/bad_input.md).
 
 Every failure raises with the argument's name, the expected and the actual value.
 Shape/dtype/device problems raise TypeError (wrong type or dtype) or ValueError.
@@ -13,7 +13,7 @@ import torch
 
 @dataclass(frozen=True)
 class Dims:
-    """Sizes of one call, legend of SPEC §1 (E = L * W)."""
+    """Sizes of one call, the shape legend of docs/layer.md (E = L * W)."""
 
     T: int
     H: int
@@ -48,7 +48,7 @@ def check_layer_args(
     x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
     routed_gate, routed_up, routed_down, world_size: int = 1,
 ) -> Dims:
-    """Check the layer's arguments (SPEC §2 table) and return their sizes.
+    """Check the layer's arguments (docs/layer.md, docs/bad_input.md) and return their sizes.
 
     Does not look at the values of `topk_idx` (see `check_expert_ids`), so it never syncs.
     """

@@ -107,4 +107,22 @@ int mok_router_bwd(const float* scores, const int64_t* topk_idx, const float* d_
 size_t mok_balance_scratch_bytes(int T, int E);
 int mok_balance_stats(const float* scores, const int64_t* topk_idx, int T, int E, int K, int normalize_rows,
                       void* scratch, float* psum, int* counts, cudaStream_t stream);
+
+// Expert parallelism (csrc/ep.cu, docs/expert_parallel.md). peers / peer_flags: device arrays of W
+// pointers, one per rank (this rank's own buffer included), into the ranks' peer-visible buffers.
+// Gather: out[r] (bf16 [capacity, H]) = row (row_pair[r] / div) % per_rank of rank (row_pair[r] / div) /
+// per_rank, for the rows placed (offsets[L]).
+int mok_ep_gather_rows(const void* const* peers, int W, int64_t per_rank, int div, const int* row_pair,
+                       const int* offsets, int L, int H, int capacity, void* out, cudaStream_t stream);
+// Scatter: row row_pair[r] % per_rank of rank row_pair[r] / per_rank = rows[r], for the rows placed.
+int mok_ep_scatter_rows(const void* rows, const int* row_pair, const int* offsets, int L, int H, int capacity,
+                        int W, int64_t per_rank, void* const* peers, cudaStream_t stream);
+// out = every rank's first bytes_per_rank bytes (a multiple of 8), concatenated in rank order.
+int mok_ep_concat(const void* const* peers, int W, int64_t bytes_per_rank, void* out, cudaStream_t stream);
+// Signalling: *epoch += 1; flags of every rank p at [phase][rank] = *epoch; wait until this rank's
+// flags[phase][p] >= *epoch for every p, or print and trap after timeout_ns (0: never).
+int mok_ep_next_epoch(int* epoch, cudaStream_t stream);
+int mok_ep_signal(int* const* peer_flags, int W, int phase, int rank, const int* epoch, cudaStream_t stream);
+int mok_ep_wait(const int* flags, int W, const int* epoch, int64_t timeout_ns, int rank, int phase,
+                cudaStream_t stream);
 }

@@ -1,0 +1,139 @@
+"""Expert parallelism of the fast path (W > 1 ranks, docs/expert_parallel.md), as named stages.
+
+Rank r owns experts [r*L, (r+1)*L) and its T tokens; global token index = rank * T + t. Forward:
+publish x and ids -> signal/wait (phase 0) -> pull every rank's ids, schedule the local experts'
+rows over all W*T tokens (canonical order: expert, global token, k) -> pull those rows of x from
+their ranks -> the W = 1 stages on local experts (gate/up, SwiGLU, down; the shared expert on this
+rank's tokens) -> push each row's output into its token owner's (t, k) slot -> signal/wait (phase 1)
+-> combine locally (shared first, then k ascending). Backward mirrors it: go = bf16(w*dy) per
+(t, k) and the shared expert's rows are published (phase 2), owners pull go rows, push d_x rows
+(phase 3), every rank combines its own d_x; routed weight gradients reduce over the same rows in
+the same order as at W = 1; the shared expert's weight gradients reduce over all ranks' rows pulled
+in global token order, the W = 1 reduction (computed on every rank).
+
+Every row is computed from the same inputs by the same kernels and every reduction runs in the same
+order as the W = 1 layer on the concatenated batch: the outputs are bitwise independent of W.
+No host synchronisation after the pre-flight: ranks wait for each other on the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..reference import Dims
+from . import _ep_buffer, _lib
+from ._backward import d_act, d_input_rows, stack_gate_up, swiglu_backward, weight_grads
+from ._forward import FastContext, Schedule, _empty, down, gate_up, swiglu
+
+FWD_PUBLISHED, FWD_PUSHED, BWD_PUBLISHED, BWD_PUSHED = range(_ep_buffer.PHASES)
+
+
+@dataclass
+class EPContext(FastContext):
+    """FastContext of one rank's expert-parallel forward. sched: the local experts' rows over all
+    W*T tokens (offsets [2L+1], row_pair [W*T*K]); x_RH, gu_R2I, a_RI: those rows; o_RH: this rank's
+    tokens' expert outputs in (t, k) order [T*K, H] (pushed by their owners)."""
+    buf: _ep_buffer.EPBuffer | None = None
+    group: object = None  # the process group
+
+
+def local_dims(d: Dims) -> Dims:
+    """The sizes the W = 1 stages see: E = the L local experts."""
+    return replace(d, E=d.L)
+
+
+def _sync_phase(buf: _ep_buffer.EPBuffer, phase: int, epoch: torch.Tensor) -> None:
+    _lib.ep_signal(buf.tables["flags"], phase, buf.rank, epoch)
+    _lib.ep_wait(buf.local["flags"], phase, buf.rank, epoch, buf.timeout_s)
+
+
+def run_forward_ep(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
+                   routed_down, dims: Dims, group):
+    """(y [T, H] bf16, EPContext) on validated inputs; every rank of `group` calls it together."""
+    W, T, K, H, L = dims.W, dims.T, dims.K, dims.H, dims.L
+    dev = x.device
+    buf = _ep_buffer.get(group, dev, T, H, K, dims.S)
+    loc = local_dims(dims)
+    R = W * T * K  # the dropless worst case: every pair of every rank on this rank's experts
+    _lib.ep_next_epoch(buf.epoch_fwd)
+    buf.local["x"].copy_(x)
+    buf.local["idx"].copy_(topk_idx)
+    _sync_phase(buf, FWD_PUBLISHED, buf.epoch_fwd)
+
+    idx_all = _empty(dev, torch.int64, W * T, K)
+    _lib.ep_concat(buf.tables["idx"], idx_all)
+    sched = Schedule(_empty(dev, torch.int32, 2 * L + 1), _empty(dev, torch.int32, R),
+                     _empty(dev, torch.int32, W * T * K), _empty(dev, torch.int32, 1))
+    _lib.schedule(idx_all, dims.E, buf.rank * L, L, R, sched.offsets, sched.row_pair, sched.pair_row, sched.flag)
+    x_RH = _empty(dev, torch.bfloat16, R, H)
+    _lib.ep_gather_rows(buf.tables["x"], T, K, sched.row_pair, sched.offsets, L, x_RH)
+    gu, gu_s = gate_up(x, x_RH, sched, loc, routed_gate, routed_up, shared_gate, shared_up)
+    a_RI, a_s = swiglu(gu, gu_s, sched, loc)
+    o_rows, s_TH = down(a_RI, a_s, sched, loc, routed_down, shared_down)
+    _lib.ep_scatter_rows(o_rows, sched.row_pair, sched.offsets, L, T * K, buf.tables["o_slots"])
+    _sync_phase(buf, FWD_PUSHED, buf.epoch_fwd)
+
+    o_TKH = buf.local["o_slots"].clone()  # the next forward reuses the slots; backward needs these
+    y = _empty(dev, torch.bfloat16, T, H)
+    _lib.combine_fwd(s_TH, o_TKH, topk_weight, buf.ident, sched.flag, y)
+    ctx = EPContext(dims, x, topk_weight, sched, x_RH, gu, a_RI, o_TKH,
+                    (routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down), gu_s, a_s, buf=buf,
+                    group=group)
+    return y, ctx
+
+
+def _shared_rows_all(buf, S: int, W: int, T: int, H: int, dev):
+    """Every rank's published shared-expert rows, concatenated in global token order."""
+    out = {}
+    for name, width in (("x_b", H), ("dy", H), ("a_s", S), ("dg_s", 2 * S)):
+        out[name] = _empty(dev, torch.bfloat16, W * T, width)
+        _lib.ep_concat(buf.tables[name], out[name])
+    return out
+
+
+def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32):
+    """Gradients in the reference's order (this rank's d_x, d_topk_weight, its local experts' weight
+    gradients, the shared expert's full weight gradients)."""
+    d, buf = ctx.dims, ctx.buf
+    W, T, K, H, L, S = d.W, d.T, d.K, d.H, d.L, d.S
+    rg, ru, rd, sg, su, sd = ctx.weights
+    dev, sched = dy.device, ctx.sched
+    loc = local_dims(d)
+    lctx = replace(ctx, dims=loc)
+    R = ctx.x_RH.shape[0]
+    _lib.ep_next_epoch(buf.epoch_bwd)
+
+    d_w = _empty(dev, torch.float32, T, K)
+    _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, buf.ident, sched.flag, d_w, buf.local["go"])
+    dgu_s = None
+    if S:
+        _, da_s = d_act(lctx, dy, None, rd, sd)
+        _, dgu_s = swiglu_backward(lctx, None, da_s)
+        for name, t in (("x_b", ctx.x_TH), ("dy", dy), ("a_s", ctx.a_s_TS), ("dg_s", dgu_s)):
+            buf.local[name].copy_(t)
+    _sync_phase(buf, BWD_PUBLISHED, buf.epoch_bwd)
+
+    go_RH = _empty(dev, torch.bfloat16, R, H)
+    _lib.ep_gather_rows(buf.tables["go"], T * K, 1, sched.row_pair, sched.offsets, L, go_RH)
+    rows_all = _shared_rows_all(buf, S, W, T, H, dev) if S else None  # read before phase 3 lets ranks move on
+    w_gu = _empty(dev, torch.bfloat16, L, 2 * d.I, H)
+    w_gu_s = _empty(dev, torch.bfloat16, 2 * S, H) if S else None
+    stack_gate_up(rg, ru, sg, su, w_gu, w_gu_s)
+    da, _ = d_act(lctx, None, go_RH, rd, sd)
+    dgu, _ = swiglu_backward(lctx, da, None)
+    dx_RH, dxs = d_input_rows(lctx, dgu, dgu_s, w_gu, w_gu_s)
+    _lib.ep_scatter_rows(dx_RH, sched.row_pair, sched.offsets, L, T * K, buf.tables["dx_slots"])
+    _sync_phase(buf, BWD_PUSHED, buf.epoch_bwd)
+
+    d_x = _empty(dev, torch.bfloat16, T, H)
+    _lib.combine_bwd_dx(dxs, buf.local["dx_slots"], buf.ident, sched.flag, K, d_x)
+    if S:  # the shared expert over all W*T rows in global order: the W = 1 reduction
+        wctx = replace(lctx, dims=replace(loc, T=W * T), x_TH=rows_all["x_b"], a_s_TS=rows_all["a_s"])
+        grads = weight_grads(wctx, rows_all["dy"], go_RH, dgu, rows_all["dg_s"], weight_grad_dtype)
+    else:
+        grads = weight_grads(lctx, dy, go_RH, dgu, None, weight_grad_dtype)
+    for g in grads:  # d_x and d_w: NaN from their kernels when the flag is set
+        if g is not None:
+            _lib.poison(g, sched.flag)
+    return (d_x, d_w, *grads)

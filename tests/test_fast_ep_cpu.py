@@ -1,0 +1,106 @@
+"""The fast path's expert parallelism, what a CPU can check (no GPU, nothing built): the peer buffer's
+layout, the wait timeout's setting, the saved-context layout, and the pre-flight that makes every rank
+raise together (gloo processes). Its bits and protocol are tested on the GPU: tests/gpu/test_fast_ep.py."""
+import pytest
+import torch
+
+import mok.fast
+from mok import reference
+from mok.fast import _ep_buffer
+from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
+from mok.harness.dist import WorkerError, launch
+from mok.harness.runner import shard_inputs
+
+
+@pytest.mark.parametrize("T, H, K, S, W", [
+    (8, 16, 2, 8, 2),     # small, shared expert
+    (37, 64, 3, 0, 8),    # odd T and K, no shared expert (empty regions)
+    (1, 8, 1, 8, 4),      # one token
+])
+def test_buffer_regions_are_aligned_disjoint_and_sized(T, H, K, S, W):
+    regions = _ep_buffer._regions(T, H, K, S, W)
+    layout, total = _ep_buffer._layout(regions)
+    spans = []
+    for name, dtype, shape in regions:
+        off, dt, sh = layout[name]
+        assert (dt, sh) == (dtype, shape)
+        assert off % _ep_buffer.ALIGN == 0, name
+        n = torch.Size(shape).numel() * dtype.itemsize
+        spans.append((off, off + n, name))
+        raw = torch.zeros(total, dtype=torch.uint8)
+        v = _ep_buffer._view(raw, layout[name])
+        assert v.shape == shape and v.dtype == dtype and v.is_contiguous()
+    spans.sort()
+    for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+        assert a1 <= b0, f"{an} overlaps {bn}"
+    assert spans[-1][1] <= total
+    assert layout["flags"][2] == (_ep_buffer.PHASES, W)
+
+
+@pytest.mark.parametrize("value, expected", [(None, 120.0), ("5", 5.0), ("0.5", 0.5)])
+def test_wait_timeout_from_the_environment(value, expected, monkeypatch):
+    if value is None:
+        monkeypatch.delenv(_ep_buffer.TIMEOUT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_ep_buffer.TIMEOUT_ENV, value)
+    assert _ep_buffer.timeout_s() == expected
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "nan"])
+def test_bad_wait_timeout_names_the_variable(value, monkeypatch):
+    monkeypatch.setenv(_ep_buffer.TIMEOUT_ENV, value)
+    with pytest.raises(ValueError, match=f"^{_ep_buffer.TIMEOUT_ENV}: expected"):
+        _ep_buffer.timeout_s()
+
+
+def test_saved_fake_has_the_expert_parallel_layout():
+    """W*T*K rows on the expert owner; the (t, k) slots of this rank's tokens."""
+    T, H, I, L, K, S, W = 6, 16, 8, 2, 2, 8, 4
+    x = torch.empty(T, H, dtype=torch.bfloat16, device="meta")
+    idx = torch.empty(T, K, dtype=torch.int64, device="meta")
+    shared = tuple(torch.empty(s, dtype=torch.bfloat16, device="meta") for s in ((S, H), (S, H), (H, S)))
+    routed = tuple(torch.empty(s, dtype=torch.bfloat16, device="meta") for s in ((L, I, H), (L, I, H), (L, H, I)))
+    R = W * T * K
+    got = [tuple(t.shape) for t in mok.fast.saved_fake(x, idx, shared, routed, rows=R)]
+    assert got == [(2 * L + 1,), (R,), (1,), (R, H), (R, 2 * I), (R, I), (T * K, H), (T, 2 * S), (T, S)]
+    assert [tuple(t.shape) for t in mok.fast.saved_fake(x, idx, shared, routed)][1] == (T * K,)
+
+
+def _mixed_backends(rank, world_size, group, inputs):
+    """Rank 0 runs the reference, the others claim the fast path: every rank must raise in the pre-flight."""
+    local = shard_inputs(inputs, rank, world_size)
+    if rank == 0:
+        reference.forward(*(local[a] for a in LAYER_ARGS), group=group)
+    else:
+        d = reference.check_layer_args(*(local[a] for a in LAYER_ARGS), world_size=world_size)
+        reference.preflight("forward", None, reference.forward_facts(d, local["x"], "fast"), group)
+    return True
+
+
+def test_ranks_running_different_implementations_all_raise():
+    inputs = make_inputs(MoEConfig(T=8, H=16, I=8, E=4, K=2, S=8), seed=0)
+    with pytest.raises(WorkerError, match="backend: expected the same layer implementation"):
+        launch(_mixed_backends, (inputs,), 2, timeout_s=30)
+
+
+def _fast_on_cpu(rank, world_size, group, inputs):
+    local = shard_inputs(inputs, rank, world_size)
+    try:
+        mok.fast.forward(*(local[a] for a in LAYER_ARGS), group=group)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_local_argument_error_is_raised_on_every_rank_with_the_rank_named():
+    """CPU tensors fail the fast path's device check: each rank gets the lowest failing rank's error."""
+    inputs = make_inputs(MoEConfig(T=8, H=16, I=8, E=4, K=2, S=8), seed=0)
+    msgs = launch(_fast_on_cpu, (inputs,), 2, timeout_s=30)
+    for m in msgs:
+        assert m.startswith("x: expected a CUDA tensor") and "on rank 0 of the group" in m, m
+
+
+def test_group_must_be_a_process_group():
+    inputs = make_inputs(MoEConfig(T=8, H=16, I=8, E=4, K=2, S=8), seed=0)
+    with pytest.raises(TypeError, match="^group: expected a torch.distributed ProcessGroup or None"):
+        mok.fast.forward(*(inputs[a] for a in LAYER_ARGS), group="abc")
