@@ -370,15 +370,21 @@ def _check_table(name: str, table: torch.Tensor, dev: torch.device) -> int:
     return table.numel()
 
 
+def _check_rows(name: str, rows, peers, row_pair, offsets, L: int):
+    """Checks of a row exchange: (device, capacity, H, W) of local rows [capacity, H] bf16."""
+    dev = rows.device
+    capacity, H = rows.shape
+    W = _check_table("peers", peers, dev)
+    _check_tensor(name, rows, _BF16, dev)
+    _check_tensor("row_pair", row_pair, _I32, dev, numel=capacity)
+    _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
+    return dev, capacity, H, W
+
+
 def ep_gather_rows(peers, per_rank: int, div: int, row_pair, offsets, L: int, out) -> None:
     """out[r] (bf16 [capacity, H]) = row i of rank p, item = row_pair[r] // div = p * per_rank + i, for the
     rows placed (offsets[L]); peers: int64 [W] device table of the ranks' bf16 [per_rank, H] regions."""
-    dev = out.device
-    capacity, H = out.shape
-    W = _check_table("peers", peers, dev)
-    _check_tensor("out", out, _BF16, dev)
-    _check_tensor("row_pair", row_pair, _I32, dev, numel=capacity)
-    _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
+    dev, capacity, H, W = _check_rows("out", out, peers, row_pair, offsets, L)
     _call("mok_ep_gather_rows", dev, _p(peers), W, per_rank, div, _p(row_pair), _p(offsets), L, H, capacity,
           _p(out))
 
@@ -386,12 +392,7 @@ def ep_gather_rows(peers, per_rank: int, div: int, row_pair, offsets, L: int, ou
 def ep_scatter_rows(rows, row_pair, offsets, L: int, per_rank: int, peers) -> None:
     """Row (row_pair[r] % per_rank) of rank (row_pair[r] // per_rank) = rows[r] (bf16 [capacity, H]), for the
     rows placed; peers: int64 [W] device table of the ranks' bf16 [per_rank, H] regions."""
-    dev = rows.device
-    capacity, H = rows.shape
-    W = _check_table("peers", peers, dev)
-    _check_tensor("rows", rows, _BF16, dev)
-    _check_tensor("row_pair", row_pair, _I32, dev, numel=capacity)
-    _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
+    dev, capacity, H, W = _check_rows("rows", rows, peers, row_pair, offsets, L)
     _call("mok_ep_scatter_rows", dev, _p(rows), _p(row_pair), _p(offsets), L, H, capacity, W, per_rank, _p(peers))
 
 
