@@ -56,6 +56,7 @@ SIGNATURES = {
     "mok_ep_gather_rows": (_i32, [_vp, _i32, _i64, _i32, _vp, _vp, _i32, _i32, _i32, _vp, _vp]),
     "mok_ep_scatter_rows": (_i32, [_vp, _vp, _vp, _i32, _i32, _i32, _i32, _i64, _vp, _vp]),
     "mok_ep_concat": (_i32, [_vp, _i32, _i64, _vp, _vp]),
+    "mok_ep_enable_peer_access": (_i32, [_i32, _i32]),
     "mok_ep_next_epoch": (_i32, [_vp, _vp]),
     "mok_ep_signal": (_i32, [_vp, _i32, _i32, _i32, _vp, _vp]),
     "mok_ep_wait": (_i32, [_vp, _i32, _vp, _i64, _i32, _i32, _vp]),
@@ -405,6 +406,13 @@ def ep_concat(peers, out) -> None:
     if nbytes % (8 * W):
         raise ValueError(f"out: expected W = {W} regions of a multiple of 8 bytes, got {nbytes} bytes")
     _call("mok_ep_concat", dev, _p(peers), W, nbytes // W, _p(out))
+
+
+def ep_enable_peer_access(device: torch.device, peer: torch.device) -> None:
+    """Let kernels on `device` access `peer`'s memory (the IPC mappings of other ranks' buffers)."""
+    handle = lib()
+    if handle.mok_ep_enable_peer_access(device.index, peer.index) != 0:
+        raise RuntimeError(f"mok.fast ep_enable_peer_access failed: {handle.mok_last_error().decode()}")
 
 
 def ep_next_epoch(epoch) -> None:

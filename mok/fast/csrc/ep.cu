@@ -151,6 +151,30 @@ extern "C" int mok_ep_concat(const void* const* peers, int W, int64_t bytes_per_
   return 0;
 }
 
+extern "C" int mok_ep_enable_peer_access(int device, int peer) {
+  if (device == peer) return 0;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) {
+    int can = 0;
+    err = cudaDeviceCanAccessPeer(&can, device, peer);
+    if (err == cudaSuccess && !can) {
+      cudaSetDevice(prev);
+      return mok::set_error("ep_enable_peer_access: device %d cannot access device %d (no P2P path)", device, peer);
+    }
+    if (err == cudaSuccess) err = cudaDeviceEnablePeerAccess(peer, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();  // not an error: clear it
+      err = cudaSuccess;
+    }
+  }
+  cudaSetDevice(prev);
+  if (err != cudaSuccess)
+    return mok::set_error("ep_enable_peer_access %d -> %d: %s", device, peer, cudaGetErrorString(err));
+  return 0;
+}
+
 extern "C" int mok_ep_next_epoch(int* epoch, cudaStream_t stream) {
   ep_next_epoch_k<<<1, 1, 0, stream>>>(epoch);
   MOK_CHECK_LAUNCH("ep_next_epoch");

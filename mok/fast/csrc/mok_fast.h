@@ -119,6 +119,8 @@ int mok_ep_scatter_rows(const void* rows, const int* row_pair, const int* offset
                         int W, int64_t per_rank, void* const* peers, cudaStream_t stream);
 // out = every rank's first bytes_per_rank bytes (a multiple of 8), concatenated in rank order.
 int mok_ep_concat(const void* const* peers, int W, int64_t bytes_per_rank, void* out, cudaStream_t stream);
+// Let kernels on `device` read and write memory of `peer` (no-op when equal or already enabled).
+int mok_ep_enable_peer_access(int device, int peer);
 // Signalling: *epoch += 1; flags of every rank p at [phase][rank] = *epoch; wait until this rank's
 // flags[phase][p] >= *epoch for every p, or print and trap after timeout_ns (0: never).
 int mok_ep_next_epoch(int* epoch, cudaStream_t stream);
