@@ -3,7 +3,7 @@
 # example, kernel profile; logs go under $OUT. Run from the repo root. A carried prebuilt library
 # (.build/libmok_fast.so, built here with `python -m mok.fast._build .build/libmok_fast.so`) is used
 # when present; the `build` step checks the normal first-use build (cpp_extension) instead.
-# Usage: bash benchmarks/device_run.sh [tests] [ep] [verify] [module] [bench] [suite] [msuite] [train] [hf] [pmodule] [profile] [build]
+# Usage: bash benchmarks/device_run.sh [tests] [ep] [bench_ep] [verify] [module] [bench] [suite] [msuite] [train] [hf] [pmodule] [profile] [build]
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -13,6 +13,7 @@ for step in "$@"; do
     tests) timeout 420 python -m pytest tests/gpu -q -rfE -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/gpu_tests.log" | tail -15;;
     ep) timeout 420 python -m pytest tests/gpu/test_fast_ep.py -q -rfE -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/gpu_ep.log" | tail -15
         timeout 240 python -m mok.harness.cli diff-grads --device cuda --impl fast --seeds 0 1 --world-sizes 1 2 4 --no-progress 2>&1 | tee "$OUT/diff_grads_fast_ep.log" | tail -14;;
+    bench_ep) for w in 2 4; do timeout 200 python benchmarks/bench_ep.py --world-size $w --config mid-64e; done 2>&1 | grep -v -i warn | tee "$OUT/bench_ep.log";;
     verify) timeout 120 python -m mok.harness.cli verify --device cuda --no-progress 2>&1 | tee "$OUT/verify_cuda.log" | tail -4;;
     module) timeout 240 python benchmarks/bench_moe.py --module --json /tmp/module.json 2>&1 | tee "$OUT/module.log" | tail -16;;
     suite) for g in bf16 fp32; do

@@ -25,3 +25,19 @@ def test_the_suite_has_token_counts_that_are_not_multiples_of_128():
     configs = json.loads((BENCH / "suite.json").read_text())["configs"]
     assert any(c["T"] % 128 for c in configs)
     assert {c["K"] for c in configs} >= {2, 8}, "few large experts (K = 2) and many small ones (K = 8)"
+
+
+def test_bench_ep_traffic_counts_rows_routed_to_each_rank():
+    import sys
+
+    import torch
+    sys.path.insert(0, str(BENCH))
+    from bench_ep import traffic
+
+    # W = 2 ranks of T = 2 tokens, E = 4 experts (rank 0 owns 0, 1; rank 1 owns 2, 3), K = 2, H = 8
+    idx = torch.tensor([[0, 2], [1, 3],     # rank 0's tokens
+                        [0, 1], [3, 2]])    # rank 1's tokens
+    r0, r1 = traffic(idx, 2, 0, 8, 4), traffic(idx, 2, 1, 8, 4)
+    assert (r0["rows"], r0["remote_rows"]) == (4, 2)   # ids 0, 1 at (0,0), (1,0), (2,0), (2,1)
+    assert (r1["rows"], r1["remote_rows"]) == (4, 2)   # ids 2, 3 at (0,1), (1,1), (3,0), (3,1)
+    assert r0["bytes"] == 4 * 8 * 2 and r0["remote_bytes"] == 2 * 8 * 2

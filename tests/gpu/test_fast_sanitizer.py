@@ -1,4 +1,5 @@
-"""compute-sanitizer memcheck and racecheck over a small forward+backward of mok.fast and its router."""
+"""compute-sanitizer memcheck and racecheck over a small forward+backward of mok.fast and its router, and
+over an expert-parallel forward+backward at W = 2 (two processes sharing the GPU, IPC peer buffers)."""
 import os
 import shutil
 import subprocess
@@ -28,8 +29,21 @@ print("SANITIZER_SCRIPT_DONE")
 """
 
 
+EP_SCRIPT = """
+from mok.harness.cases import MoEConfig, make_inputs
+from mok.harness.dist import run_world
+for cfg in (MoEConfig(T=32, H=64, I=32, E=4, K=2, S=16), MoEConfig(T=18, H=64, I=32, E=4, K=3, S=0)):
+    run_world(make_inputs(cfg, seed=3), 2, impl="fast", device="cuda")
+print("SANITIZER_SCRIPT_DONE")
+"""
+
+
+@pytest.mark.parametrize("script", [
+    SCRIPT,     # W = 1 layer, bad ids, router
+    EP_SCRIPT,  # expert parallel W = 2: peer gathers and scatters, flags
+], ids=["w1", "ep_w2"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])  # out-of-bounds accesses; shared-memory races
-def test_compute_sanitizer_clean(tool):
+def test_compute_sanitizer_clean(tool, script):
     exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(exe):
         pytest.skip("compute-sanitizer not installed")
@@ -38,7 +52,7 @@ def test_compute_sanitizer_clean(tool):
     cmd = [exe, "--tool", tool, "--error-exitcode", "17", "--target-processes", "all"]
     if tool == "memcheck":
         cmd += ["--leak-check", "no"]
-    r = subprocess.run(cmd + [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
+    r = subprocess.run(cmd + [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
     log = r.stdout + r.stderr
     assert "SANITIZER_SCRIPT_DONE" in log, log[-4000:]
     assert r.returncode == 0, log[-4000:]
