@@ -1,0 +1,260 @@
+"""A CPU stand-in for mok.fast's kernels (test helper, never shipped): every `mok.fast._lib` function the
+stages and the expert-parallel protocol call, emulated with PyTorch on the CPU, so the Python
+orchestration of `mok/fast/_forward.py`, `_backward.py` and `_ep.py` runs unchanged in gloo processes.
+
+What it can show: indexing, row order, phases, regions and saved contexts are right, and the outputs do
+not depend on W (its arithmetic is deterministic and row independent: GEMMs are the reference's exact
+`matmul_exact` / `rows_outer_sum`, elementwise steps fp32 in the kernels' order). What it cannot show:
+the CUDA kernels' bits, IPC and device-side waits (tests/gpu/test_fast_ep*.py do).
+
+Peer buffers are files in /dev/shm mapped by every rank (`torch.from_file(shared=True)`); the pointer
+tables hold the views' addresses in this process, resolved back to the views through a registry.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import time
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from mok import reference
+from mok.fast import _checks, _context, _ep_buffer, _lib
+
+_VIEWS: dict[int, torch.Tensor] = {}  # address in this process -> the tensor view it starts
+_FILES: list[str] = []
+
+
+def _resolve(table: torch.Tensor) -> list[torch.Tensor]:
+    return [_VIEWS[int(p)] for p in table.tolist()]
+
+
+# ---------------------------------------------------------------- W = 1 kernels
+
+
+def schedule(topk_idx, E, e0, L, capacity, offsets, row_pair, pair_row, flag):
+    T, K = topk_idx.shape
+    idx = topk_idx.reshape(-1)
+    bad = int(((idx < 0) | (idx >= E)).any()) * 1
+    srt = topk_idx.sort(dim=1).values
+    bad |= int((srt[:, 1:] == srt[:, :-1]).any()) * 2 if K > 1 else 0
+    le = idx - e0
+    local = (le >= 0) & (le < L)
+    pairs = torch.nonzero(local).reshape(-1)
+    order = torch.argsort(le[pairs] * (T * K) + pairs, stable=True)  # canonical: expert, then pair index
+    placed = pairs[order]
+    counts = torch.bincount(le[placed], minlength=L)[:L]
+    starts = torch.cumsum(counts, 0) - counts
+    pair_row.fill_(-1)
+    n = min(int(placed.numel()), capacity)
+    if placed.numel() > capacity:
+        bad |= 4
+    row_pair[:n] = placed[:n].to(torch.int32)
+    pair_row[placed[:n]] = torch.arange(n, dtype=torch.int32)
+    offsets[:L] = starts.clamp(max=capacity).to(torch.int32)
+    offsets[L] = n
+    offsets[L + 1:] = counts.to(torch.int32)
+    flag.fill_(bad)
+
+
+def gather_rows(x_TH, row_pair, offsets, L, K, capacity, x_RH):
+    n = int(offsets[L])
+    x_RH[:n] = x_TH[row_pair[:n].long() // K]
+
+
+def _operand(op, e: int, row_off: int, rows: int, cols: int) -> torch.Tensor:
+    flat = op.tensor.view(-1)
+    start = op.offset + e * op.expert_stride + row_off * op.row_stride
+    return flat.as_strided((rows, cols), (op.ld, 1), flat.storage_offset() + start)
+
+
+def grouped_gemm(kind, segments, device):
+    for s in segments:
+        for e in range(s.num_groups):
+            if s.offsets is not None:
+                off, rows = int(s.offsets[e]), int(s.offsets[e + 1] - s.offsets[e])
+            else:
+                off, rows = 0, s.fixed_rows
+            if rows <= 0:
+                continue
+            if s.rows_dim == 0:  # D [rows, n] = A [rows, k] . B
+                a = _operand(s.a, e, off, rows, s.k)
+                if kind in (_lib.GEMM_TN_F32, _lib.GEMM_TN_BF16):
+                    b_nk = _operand(s.b, e, off, s.n, s.k)
+                else:  # NN: B [k, n]
+                    b_nk = _operand(s.b, e, off, s.k, s.n).t()
+                out = reference.matmul_exact(a.contiguous(), b_nk.contiguous())
+                d = _operand(s.d, e, off, rows, s.n)
+            else:  # TT: D [m, n] = A [rows, m]^T . B [rows, n], reduced over rows in order
+                a = _operand(s.a, e, off, rows, s.m)
+                b = _operand(s.b, e, off, rows, s.n)
+                out = reference.rows_outer_sum(a.contiguous(), b.contiguous())
+                d = _operand(s.d, e, off, s.m, s.n)
+            d.copy_(out.to(d.dtype))
+
+
+def _rows(offsets, L, fixed_rows):
+    return int(offsets[L]) if offsets is not None else fixed_rows
+
+
+def swiglu_fwd(gu, offsets, L, fixed_rows, I, capacity, a):
+    n = _rows(offsets, L, fixed_rows)
+    g, u = gu[:n, :I], gu[:n, I:]
+    a[:n] = (g * torch.sigmoid(g) * u).to(torch.bfloat16)
+
+
+def swiglu_bwd(da, gu, offsets, L, fixed_rows, I, capacity, dgu):
+    n = _rows(offsets, L, fixed_rows)
+    g, u, d = gu[:n, :I], gu[:n, I:], da[:n]
+    sig = torch.sigmoid(g)
+    dgu[:n, :I] = (d * u * (sig * (1 + g * (1 - sig)))).to(torch.bfloat16)
+    dgu[:n, I:] = (d * (g * sig)).to(torch.bfloat16)
+
+
+def _combine(first, rows_RH, pair_row, flag, K, w=None):
+    T = pair_row.numel() // K
+    pr = pair_row.view(T, K).long()
+    acc = first.float() if first is not None else torch.zeros(T, rows_RH.shape[1])
+    bad = torch.full((T, 1), bool(int(flag)))
+    for k in range(K):
+        r = pr[:, k]
+        ok = r >= 0
+        bad |= ~ok.unsqueeze(1)
+        v = rows_RH[r.clamp(min=0)].float()
+        if w is not None:
+            v = w[:, k:k + 1] * v
+        acc = torch.where(ok.unsqueeze(1), acc + v, acc)
+    return torch.where(bad, torch.full_like(acc, float("nan")), acc).to(torch.bfloat16)
+
+
+def combine_fwd(s_TH, o_RH, w_TK, pair_row, flag, y_TH):
+    y_TH.copy_(_combine(s_TH, o_RH, pair_row, flag, w_TK.shape[1], w_TK))
+
+
+def combine_bwd_pre(dy_TH, o_RH, w_TK, pair_row, flag, d_w_TK, go_RH):
+    T, K = w_TK.shape
+    pr = pair_row.view(T, K).long()
+    bad = bool(int(flag))
+    for k in range(K):
+        r = pr[:, k]
+        ok = r >= 0
+        dots = (dy_TH.double() * o_RH[r.clamp(min=0)].double()).sum(1).float()
+        d_w_TK[:, k] = torch.where(ok & ~torch.tensor(bad), dots, torch.tensor(float("nan")))
+        go = (w_TK[:, k:k + 1] * dy_TH.float())
+        go = torch.full_like(go, float("nan")) if bad else go
+        go_RH[r[ok]] = go[ok].to(torch.bfloat16)
+
+
+def combine_bwd_dx(dxs_TH, dx_RH, pair_row, flag, K, dx_TH):
+    dx_TH.copy_(_combine(dxs_TH, dx_RH, pair_row, flag, K))
+
+
+def zero_empty(d, offsets, L, flag):
+    counts = offsets[L + 1: 2 * L + 1]
+    d[counts == 0] = 0
+
+
+def poison(t, flag):
+    if int(flag):
+        t.fill_(float("nan"))
+
+
+# ---------------------------------------------------------------- expert-parallel kernels and buffers
+
+
+def ep_gather_rows(peers, per_rank, div, row_pair, offsets, L, out):
+    regions = _resolve(peers)
+    n = int(offsets[L])
+    item = row_pair[:n].long() // div
+    for r in range(n):
+        p, i = divmod(int(item[r]), per_rank)
+        out[r] = regions[p][i]
+
+
+def ep_scatter_rows(rows, row_pair, offsets, L, per_rank, peers):
+    regions = _resolve(peers)
+    for r in range(int(offsets[L])):
+        p, j = divmod(int(row_pair[r]), per_rank)
+        regions[p][j] = rows[r]
+
+
+def ep_concat(peers, out):
+    out.copy_(torch.cat([t.reshape(-1, *out.shape[1:]) for t in _resolve(peers)]))
+
+
+def ep_next_epoch(epoch):
+    epoch += 1
+
+
+def ep_signal(peer_flags, phase, rank, epoch):
+    for f in _resolve(peer_flags):
+        f[phase, rank] = int(epoch)
+
+
+def ep_wait(flags, phase, rank, epoch, timeout_s):
+    t0, want = time.monotonic(), int(epoch)
+    while bool((flags[phase] < want).any()):
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"mok EP (emulated): rank {rank} waited {timeout_s} s in phase {phase}: "
+                               f"{flags[phase].tolist()} < {want}")
+        time.sleep(1e-4)
+
+
+def ep_enable_peer_access(device, peer):
+    pass
+
+
+def create(group, device, T, H, K, S):
+    W, rank = reference.world(group)
+    layout, nbytes = _ep_buffer._layout(_ep_buffer._regions(T, H, K, S, W))
+    run = [uuid.uuid4().hex if rank == 0 else None]
+    dist.broadcast_object_list(run, src=0, group=group)
+    paths = [f"/dev/shm/mok-ep-emu-{run[0]}-{p}" for p in range(W)]
+    with open(paths[rank], "wb") as f:
+        f.truncate(nbytes)  # zeros: the flags start at 0
+    _FILES.append(paths[rank])
+    dist.barrier(group=group)
+    raws = [torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8) for path in paths]
+    local = {name: _ep_buffer._view(raws[rank], spec) for name, spec in layout.items()}
+    tables = {}
+    for name, spec in layout.items():
+        views = [_ep_buffer._view(r, spec) for r in raws]
+        for v in views:
+            _VIEWS[v.data_ptr()] = v
+        tables[name] = torch.tensor([v.data_ptr() for v in views], dtype=torch.int64)
+    zero = torch.zeros(1, dtype=torch.int32)
+    return _ep_buffer.EPBuffer(W, rank, local, tables, zero.clone(), zero.clone(),
+                               torch.arange(T * K, dtype=torch.int32), _ep_buffer.timeout_s(), raws)
+
+
+@atexit.register
+def _remove_files():
+    for p in _FILES:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def _check_inputs(*args, world_size: int = 1):
+    """The layer's shared checks and the fast path's size rules, without the GPU ones."""
+    d = reference.check_layer_args(*args, world_size=world_size)
+    if d.H % 8 or d.I % 8 or d.S % 8:
+        raise ValueError(f"x: expected H, I, S multiples of 8, got {d.H}, {d.I}, {d.S}")
+    return d
+
+
+def install() -> None:
+    """Replace the kernels (and the GPU-only input checks) in this process."""
+    import mok.fast
+
+    for name in ("schedule", "gather_rows", "grouped_gemm", "swiglu_fwd", "swiglu_bwd", "combine_fwd",
+                 "combine_bwd_pre", "combine_bwd_dx", "zero_empty", "poison", "ep_gather_rows", "ep_scatter_rows",
+                 "ep_concat", "ep_next_epoch", "ep_signal", "ep_wait", "ep_enable_peer_access"):
+        setattr(_lib, name, globals()[name])
+    _ep_buffer.create = create
+    mok.fast.check_inputs = _check_inputs
+    _context.check_inputs = _check_inputs
+    _checks.check_inputs = _check_inputs

@@ -1,0 +1,97 @@
+"""The fast path's expert-parallel orchestration (mok/fast/_ep.py, unchanged) on the CPU, its kernels
+replaced by tests/fast_emulator.py, in W gloo processes: every output at W = 2 and 4 is bitwise the
+W = 1 output, shared gradients agree on every rank, the values are the layer's (close to the
+reference), and the autograd op saves and reloads the expert-parallel context. The CUDA kernels, IPC
+and device waits themselves are tested on the GPU (tests/gpu/test_fast_ep*.py)."""
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mok.harness.bits import assert_bitwise_equal, rel_error
+from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.harness.dist import launch
+from mok.harness.runner import run_layer, shard_inputs, unshard_outputs
+
+CFGS = {
+    "shared": MoEConfig(T=16, H=16, I=8, E=4, K=2, S=8),     # shared expert
+    "no_shared": MoEConfig(T=12, H=8, I=16, E=8, K=3, S=0),  # no shared expert, K = 3, W = 4: T = 3 per rank
+}
+
+
+def _run(rank, world_size, group, inputs, W, via_op):
+    import fast_emulator
+
+    import mok.fast
+    from mok.fast import _ep
+    from mok.reference import check_layer_args
+
+    fast_emulator.install()
+    tmp = None
+    if W == 1:  # the expert-parallel code path with a group of one
+        tmp = tempfile.mkdtemp()
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'init')}", rank=0, world_size=1)
+        group = dist.group.WORLD
+    local = shard_inputs(inputs, rank, W)
+    args = [local[a] for a in LAYER_ARGS]
+    if via_op:
+        from mok.nn import ops
+
+        leaves = [a.clone().requires_grad_(True) if a is not None and a.is_floating_point() else a for a in args]
+        y = ops.moe(*leaves, group=group, backend="fast")
+        y.backward(local["dy"])
+        out = dict(zip(OUTPUT_NAMES, (y.detach(), *(leaves[i].grad if leaves[i] is not None else None
+                                                    for i in (0, 2, 6, 7, 8, 3, 4, 5)))))
+    elif W == 1:
+        d = check_layer_args(*args, world_size=1)
+        y, ctx = _ep.run_forward_ep(*args, d, group)
+        out = dict(zip(OUTPUT_NAMES, (y, *_ep.run_backward_ep(ctx, local["dy"]))))
+    else:
+        y, ctx = mok.fast.forward(*args, group=group)
+        out = dict(zip(OUTPUT_NAMES, (y, *mok.fast.backward(ctx, local["dy"]))))
+    mok.fast.release_ep_buffers()
+    if tmp is not None:
+        dist.destroy_process_group()
+    return {k: (v.detach().clone() if v is not None else None) for k, v in out.items()}
+
+
+def _world(inputs, W, via_op=False):
+    return unshard_outputs(launch(_run, (inputs, W, via_op), W if W > 1 else 1, timeout_s=60))
+
+
+@pytest.mark.parametrize("name", list(CFGS))
+def test_every_output_at_w2_and_w4_is_bitwise_the_w1_output(name):
+    inputs = make_inputs(CFGS[name], seed=21, routing="skewed")
+    want = _world(inputs, 1)
+    for W in (2, 4):
+        got = _world(inputs, W)  # unshard_outputs: the shared gradients are bitwise equal on every rank
+        for k in OUTPUT_NAMES:
+            assert (got[k] is None) == (want[k] is None), k
+            if want[k] is not None:
+                assert_bitwise_equal(got[k], want[k], f"W={W} {k}")
+
+
+def test_the_values_are_the_layers():
+    """Bitwise W-invariance could hide a W-invariant mistake (wrong weights, wrong slots): compare with
+    the reference (the emulated arithmetic is not the reference's, so within bf16 rounding)."""
+    inputs = make_inputs(CFGS["shared"], seed=22)
+    got, ref = _world(inputs, 2), run_layer(inputs)
+    for k in OUTPUT_NAMES:
+        assert rel_error(got[k].float(), ref[k].float()) < 2e-2, k
+
+
+def test_autograd_op_saves_and_reloads_the_expert_parallel_context():
+    inputs = make_inputs(CFGS["shared"], seed=23)
+    want, got = _world(inputs, 2), _world(inputs, 2, via_op=True)
+    for k in OUTPUT_NAMES:  # bf16 weights: their gradients are the fp32 ones rounded once
+        assert_bitwise_equal(got[k], want[k].to(got[k].dtype), f"ops.moe {k}")
+
+
+def test_bad_ids_on_one_rank_make_every_output_nan_on_every_rank():
+    inputs = make_inputs(CFGS["shared"], seed=24)
+    inputs["topk_idx"][-1, 0] = 99  # a token of the last rank
+    got = _world(inputs, 2)
+    for k in OUTPUT_NAMES:
+        assert torch.isnan(got[k].float()).all(), k
