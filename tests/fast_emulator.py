@@ -181,7 +181,10 @@ def ep_scatter_rows(rows, row_pair, offsets, L, per_rank, peers):
 
 
 def ep_concat(peers, out):
-    out.copy_(torch.cat([t.reshape(-1, *out.shape[1:]) for t in _resolve(peers)]))
+    regions = _resolve(peers)
+    per = out.numel() * out.element_size() // len(regions)  # bytes from the start of each region
+    parts = [t.reshape(-1).view(torch.uint8)[:per] for t in regions]
+    out.view(-1).view(torch.uint8).copy_(torch.cat(parts))
 
 
 def ep_next_epoch(epoch):

@@ -16,7 +16,8 @@ from mok.harness.dist import launch
 from mok.harness.runner import run_layer, shard_inputs, unshard_outputs
 
 CFGS = {
-    "shared": MoEConfig(T=16, H=16, I=8, E=4, K=2, S=8),     # shared expert
+    "shared": MoEConfig(T=16, H=16, I=8, E=4, K=2, S=8),     # shared expert, S/W not a multiple of 8: all of S per rank
+    "sliced": MoEConfig(T=16, H=16, I=8, E=4, K=2, S=32),    # S/W = 16, 8: each rank computes its slice, pulls the rest
     "no_shared": MoEConfig(T=12, H=8, I=16, E=8, K=3, S=0),  # no shared expert, K = 3, W = 4: T = 3 per rank
 }
 

@@ -88,35 +88,46 @@ def d_input_rows(ctx: FastContext, dgu, dgu_s, w_gu, w_gu_s):
     return dx_RH, dxs
 
 
+def shared_wgrad_segments(rows: int, H: int, S: int, dy, a_s, dgu_s, x, d_sg, d_su, d_sd, s0: int = 0):
+    """(segment of d_sd, segments of d_sg and d_su): the shared expert's weight gradients reduced over
+    `rows` rows in order, for its intermediate columns [s0, s0 + n), n = d_sd.shape[1]:
+    d_sd [H, n] = dyᵀ a_s[:, s0:], d_sg / d_su [n, H] = dg / du[:, s0:]ᵀ x."""
+    n = d_sd.shape[1]
+    down = Segment.all_wgrad(rows, H, n, Operand(dy, 0, 0, H), Operand(a_s, 0, 0, S, offset=s0),
+                             Operand(d_sd, 0, 0, n))
+    gate_up = [Segment.all_wgrad(rows, n, H, Operand(dgu_s, 0, 0, 2 * S, offset=half * S + s0), Operand(x, 0, 0, H),
+                                 Operand(out, 0, 0, H))
+               for half, out in enumerate((d_sg, d_su))]
+    return down, gate_up
+
+
+def wgrad_kind(dtype: torch.dtype) -> int:
+    return _lib.GEMM_TT_BF16 if dtype == torch.bfloat16 else _lib.GEMM_TT_F32
+
+
 def weight_grads(ctx: FastContext, dy, go_RH, dgu, dgu_s, dtype=torch.float32):
     """(d_rg, d_ru [E, I, H], d_rd [E, H, I], d_sg, d_su [S, H], d_sd [H, S] or None) in `dtype` (fp32, or
     bf16: the fp32 accumulator rounded once), each reduced over its expert's rows in canonical order;
-    experts with no rows get zeros."""
+    experts with no rows get zeros. dgu_s None: no shared-expert gradients (None)."""
     d, dev, sched = ctx.dims, dy.device, ctx.sched
     H, I, S, T, E = d.H, d.I, d.S, d.T, d.E
-    kind = _lib.GEMM_TT_BF16 if dtype == torch.bfloat16 else _lib.GEMM_TT_F32
+    kind = wgrad_kind(dtype)
     d_rd = _empty(dev, dtype, E, H, I)
     d_rg = _empty(dev, dtype, E, I, H)
     d_ru = _empty(dev, dtype, E, I, H)
+    shared = S and dgu_s is not None
+    d_sg = d_su = d_sd = None
+    if shared:
+        d_sg, d_su, d_sd = _empty(dev, dtype, S, H), _empty(dev, dtype, S, H), _empty(dev, dtype, H, S)
+        s_down, s_gate_up = shared_wgrad_segments(T, H, S, dy, ctx.a_s_TS, dgu_s, ctx.x_TH, d_sg, d_su, d_sd)
     segs = [Segment.expert_wgrad(sched.offsets, E, H, I, Operand(go_RH, 0, H, H), Operand(ctx.a_RI, 0, I, I),
                                  Operand(d_rd, H * I, 0, I))]
-    d_sg = d_su = d_sd = None
-    if S:
-        d_sd = _empty(dev, dtype, H, S)
-        segs.append(Segment.all_wgrad(T, H, S, Operand(dy, 0, 0, H), Operand(ctx.a_s_TS, 0, 0, S),
-                                      Operand(d_sd, 0, 0, S)))
-    _lib.grouped_gemm(kind, segs, dev)
+    _lib.grouped_gemm(kind, segs + ([s_down] if shared else []), dev)
     x_rows = Operand(ctx.x_RH, 0, H, H)
     segs = [Segment.expert_wgrad(sched.offsets, E, I, H, Operand(dgu, 0, 2 * I, 2 * I, offset=half * I), x_rows,
                                  Operand(out, I * H, 0, H))
             for half, out in enumerate((d_rg, d_ru))]
-    if S:
-        d_sg = _empty(dev, dtype, S, H)
-        d_su = _empty(dev, dtype, S, H)
-        segs += [Segment.all_wgrad(T, S, H, Operand(dgu_s, 0, 0, 2 * S, offset=half * S), Operand(ctx.x_TH, 0, 0, H),
-                                   Operand(out, 0, 0, H))
-                 for half, out in enumerate((d_sg, d_su))]
-    _lib.grouped_gemm(kind, segs, dev)
+    _lib.grouped_gemm(kind, segs + (s_gate_up if shared else []), dev)
     for g in (d_rg, d_ru, d_rd):
         _lib.zero_empty(g, sched.offsets, E, sched.flag)
     return d_rg, d_ru, d_rd, d_sg, d_su, d_sd

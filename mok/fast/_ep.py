@@ -9,7 +9,9 @@ rank's tokens) -> push each row's output into its token owner's (t, k) slot -> s
 (t, k) and the shared expert's rows are published (phase 2), owners pull go rows, push d_x rows
 (phase 3), every rank combines its own d_x; routed weight gradients reduce over the same rows in
 the same order as at W = 1; the shared expert's weight gradients reduce over all ranks' rows pulled
-in global token order, the W = 1 reduction (computed on every rank).
+in global token order, the W = 1 reduction: each rank computes S/W of its intermediate columns and
+publishes them (phase 4), every rank pulls the W slices (all of S on every rank when S/W is not a
+multiple of 8).
 
 Every row is computed from the same inputs by the same kernels and every reduction runs in the same
 order as the W = 1 layer on the concatenated batch: the outputs are bitwise independent of W.
@@ -23,10 +25,11 @@ import torch
 
 from ..reference import Dims
 from . import _ep_buffer, _lib
-from ._backward import d_act, d_input_rows, stack_gate_up, swiglu_backward, weight_grads
+from ._backward import (d_act, d_input_rows, shared_wgrad_segments, stack_gate_up, swiglu_backward, weight_grads,
+                        wgrad_kind)
 from ._forward import FastContext, Schedule, _empty, down, gate_up, swiglu
 
-FWD_PUBLISHED, FWD_PUSHED, BWD_PUBLISHED, BWD_PUSHED = range(_ep_buffer.PHASES)
+FWD_PUBLISHED, FWD_PUSHED, BWD_PUBLISHED, BWD_PUSHED, BWD_SHARED = range(_ep_buffer.PHASES)
 
 
 @dataclass
@@ -92,6 +95,32 @@ def _shared_rows_all(buf, S: int, W: int, T: int, H: int, dev):
     return out
 
 
+def shared_weight_grads(buf, d: Dims, rows_all: dict, dtype):
+    """(d_sg [S, H], d_su [S, H], d_sd [H, S]) over all W*T rows in global order, on every rank: this
+    rank's S/W columns computed here and the others' pulled (phase 4), or all S here when S/W is not a
+    multiple of 8. Each column's reduction is the W = 1 one, so the bits are too."""
+    W, T, H, S = d.W, d.T, d.H, d.S
+    n = _ep_buffer.shared_slice(S, W)
+    dev = rows_all["x_b"].device
+    args = (W * T, H, S, rows_all["dy"], rows_all["a_s"], rows_all["dg_s"], rows_all["x_b"])
+    if not n:
+        d_sg, d_su, d_sd = _empty(dev, dtype, S, H), _empty(dev, dtype, S, H), _empty(dev, dtype, H, S)
+        down, gate_up = shared_wgrad_segments(*args, d_sg, d_su, d_sd)
+        _lib.grouped_gemm(wgrad_kind(dtype), [down, *gate_up], dev)
+        return d_sg, d_su, d_sd
+    mine = buf.local["wg_s"][: 3 * n * H * dtype.itemsize].view(dtype)  # [d_sg | d_su | d_sd] of my columns
+    sg, su, sd = mine[: n * H].view(n, H), mine[n * H: 2 * n * H].view(n, H), mine[2 * n * H:].view(H, n)
+    down, gate_up = shared_wgrad_segments(*args, sg, su, sd, s0=buf.rank * n)
+    _lib.grouped_gemm(wgrad_kind(dtype), [down, *gate_up], dev)
+    _sync_phase(buf, BWD_SHARED, buf.epoch_bwd)
+    slices = _empty(dev, dtype, W, 3 * n * H)
+    _lib.ep_concat(buf.tables["wg_s"], slices)  # every rank's first 3*n*H values, rank order
+    d_sg = slices[:, : n * H].reshape(S, H)
+    d_su = slices[:, n * H: 2 * n * H].reshape(S, H)
+    d_sd = slices[:, 2 * n * H:].reshape(W, H, n).permute(1, 0, 2).reshape(H, S)
+    return d_sg, d_su, d_sd
+
+
 def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32):
     """Gradients in the reference's order (this rank's d_x, d_topk_weight, its local experts' weight
     gradients, the shared expert's full weight gradients)."""
@@ -128,11 +157,8 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32):
 
     d_x = _empty(dev, torch.bfloat16, T, H)
     _lib.combine_bwd_dx(dxs, buf.local["dx_slots"], buf.ident, sched.flag, K, d_x)
-    if S:  # the shared expert over all W*T rows in global order: the W = 1 reduction
-        wctx = replace(lctx, dims=replace(loc, T=W * T), x_TH=rows_all["x_b"], a_s_TS=rows_all["a_s"])
-        grads = weight_grads(wctx, rows_all["dy"], go_RH, dgu, rows_all["dg_s"], weight_grad_dtype)
-    else:
-        grads = weight_grads(lctx, dy, go_RH, dgu, None, weight_grad_dtype)
+    grads = weight_grads(lctx, dy, go_RH, dgu, None, weight_grad_dtype)[:3]
+    grads += shared_weight_grads(buf, d, rows_all, weight_grad_dtype) if S else (None, None, None)
     for g in grads:  # d_x and d_w: NaN from their kernels when the flag is set
         if g is not None:
             _lib.poison(g, sched.flag)

@@ -12,7 +12,9 @@ Regions of one rank's buffer (bf16 unless said; T tokens of this rank):
   go [T*K, H]                                 backward: bf16(w * dy) per (t, k), pulled by the owners
   dx_slots [T*K, H]                           backward: d_x rows pushed by the owners
   x_b, dy [T, H], a_s [T, S], dg_s [T, 2S]    backward: shared-expert rows every rank pulls
-  flags int32 [4, W]                          phase p, source rank q: epoch of q's last signal
+  wg_s bytes [3 * (S/W) * H * 4]              backward: this rank's slice of the shared expert's weight
+                                              gradients (when S is a multiple of 8*W), pulled by all
+  flags int32 [5, W]                          phase p, source rank q: epoch of q's last signal
 """
 from __future__ import annotations
 
@@ -25,17 +27,24 @@ import torch.distributed as dist
 from ..reference import world
 from . import _lib
 
-PHASES = 4  # 0: forward inputs published, 1: forward rows pushed, 2: backward rows published, 3: pushed
+PHASES = 5  # forward: 0 inputs published, 1 rows pushed; backward: 2 rows published, 3 rows pushed, 4 shared slices
 ALIGN = 256
 TIMEOUT_ENV = "MOK_EP_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 120.0
+
+
+def shared_slice(S: int, W: int) -> int:
+    """Columns of the shared expert's intermediate dimension whose weight gradients each rank computes
+    (S / W when that is a whole number of 16-byte bf16 rows, else 0: every rank computes all S)."""
+    return S // W if S and S % (8 * W) == 0 else 0
 
 
 def _regions(T: int, H: int, K: int, S: int, W: int) -> list[tuple[str, torch.dtype, tuple]]:
     b16 = torch.bfloat16
     return [("x", b16, (T, H)), ("idx", torch.int64, (T, K)), ("o_slots", b16, (T * K, H)), ("go", b16, (T * K, H)),
             ("dx_slots", b16, (T * K, H)), ("x_b", b16, (T, H)), ("dy", b16, (T, H)), ("a_s", b16, (T, S)),
-            ("dg_s", b16, (T, 2 * S)), ("flags", torch.int32, (PHASES, W))]
+            ("dg_s", b16, (T, 2 * S)), ("wg_s", torch.uint8, (3 * shared_slice(S, W) * H * 4,)),
+            ("flags", torch.int32, (PHASES, W))]
 
 
 def _layout(regions) -> tuple[dict, int]:

@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 CFGS = {
     "shared": MoEConfig(T=256, H=128, I=64, E=16, K=4, S=64),   # shared expert, 16 experts
     "no_shared": MoEConfig(T=136, H=64, I=32, E=8, K=2, S=0),   # no shared expert, T/W not a multiple of 8
+    "shared_whole": MoEConfig(T=64, H=64, I=32, E=8, K=2, S=24),  # S/W not a multiple of 8: all of S per rank
 }
 
 
