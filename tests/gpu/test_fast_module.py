@@ -127,3 +127,32 @@ def test_bf16_weight_gradients_are_the_fp32_ones_rounded_once():
     for i in range(2, 8):  # routed and shared weight gradients, an expert without rows included
         assert g16[i].dtype == torch.bfloat16
         assert_bitwise_equal(g16[i], g32[i].to(torch.bfloat16), f"weight gradient {i}")
+
+
+def test_whole_training_step_replays_in_a_cuda_graph_with_eager_bits():
+    """A mok.MoE step (router, losses, layer, backward) captured once and replayed on new data: the
+    remedy when few tokens per step leave the host slower than the GPU (docs/usage.md)."""
+    model = _model(torch.bfloat16)
+    x, dy = _data()
+    eager = _step(model, x, dy)
+    static_x = x.detach().clone().requires_grad_()
+    static_dy = dy.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks
+        for _ in range(2):
+            y, rl = model(static_x, return_router_losses=True)
+            ((y.float() * static_dy).sum() + 0.01 * rl.load_balance + 0.001 * rl.z).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)  # the captured backward then assigns its own gradient tensors
+    static_x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, rl = model(static_x, return_router_losses=True)
+        ((y.float() * static_dy).sum() + 0.01 * rl.load_balance + 0.001 * rl.z).backward()
+    graph.replay()
+    torch.cuda.synchronize()
+    got = {"y": y.detach(), "lb": rl.load_balance.detach(), "z": rl.z.detach(), "d_x": static_x.grad,
+           **{"d_" + n: p.grad for n, p in model.named_parameters()}}
+    for name, t in eager.items():
+        assert_bitwise_equal(got[name], t, f"graph replay: {name}")
