@@ -150,9 +150,14 @@ def test_whole_training_step_replays_in_a_cuda_graph_with_eager_bits():
     with torch.cuda.graph(graph):
         y, rl = model(static_x, return_router_losses=True)
         ((y.float() * static_dy).sum() + 0.01 * rl.load_balance + 0.001 * rl.z).backward()
-    graph.replay()
-    torch.cuda.synchronize()
-    got = {"y": y.detach(), "lb": rl.load_balance.detach(), "z": rl.z.detach(), "d_x": static_x.grad,
-           **{"d_" + n: p.grad for n, p in model.named_parameters()}}
-    for name, t in eager.items():
-        assert_bitwise_equal(got[name], t, f"graph replay: {name}")
+    for label, (xi, dyi) in (("same data", (x, dy)), ("new data", (x.flip(0), dy.flip(0)))):
+        want = eager if label == "same data" else _step(model, xi, dyi)
+        with torch.no_grad():
+            static_x.copy_(xi)
+            static_dy.copy_(dyi)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = {"y": y.detach(), "lb": rl.load_balance.detach(), "z": rl.z.detach(), "d_x": static_x.grad,
+               **{"d_" + n: p.grad for n, p in model.named_parameters()}}
+        for name, t in want.items():
+            assert_bitwise_equal(got[name], t, f"graph replay, {label}: {name}")
