@@ -84,16 +84,18 @@ def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32):
     if not isinstance(ctx, FastContext):
         raise ValueError(f"ctx: expected the FastContext from mok.fast.forward, got {type(ctx).__name__}")
     if not isinstance(ctx, EPContext):
-        if weight_grad_dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError(f"weight_grad_dtype: expected torch.float32 or torch.bfloat16, got {weight_grad_dtype}")
-        check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)
+        _check_backward_args(ctx, dy, weight_grad_dtype)
         return run_backward(ctx, dy, weight_grad_dtype)
     err = None
     try:
-        if weight_grad_dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError(f"weight_grad_dtype: expected torch.float32 or torch.bfloat16, got {weight_grad_dtype}")
-        check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)
+        _check_backward_args(ctx, dy, weight_grad_dtype)
     except (TypeError, ValueError) as e:  # raised on every rank by the pre-flight
         err = e
     preflight("backward", err, [backend_fact("fast")], ctx.group)
     return run_backward_ep(ctx, dy, weight_grad_dtype)
+
+
+def _check_backward_args(ctx: FastContext, dy, weight_grad_dtype) -> None:
+    if weight_grad_dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"weight_grad_dtype: expected torch.float32 or torch.bfloat16, got {weight_grad_dtype}")
+    check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)

@@ -102,16 +102,16 @@ def shared_weight_grads(buf, d: Dims, rows_all: dict, dtype):
     W, T, H, S = d.W, d.T, d.H, d.S
     n = _ep_buffer.shared_slice(S, W)
     dev = rows_all["x_b"].device
-    args = (W * T, H, S, rows_all["dy"], rows_all["a_s"], rows_all["dg_s"], rows_all["x_b"])
-    if not n:
-        d_sg, d_su, d_sd = _empty(dev, dtype, S, H), _empty(dev, dtype, S, H), _empty(dev, dtype, H, S)
-        down, gate_up = shared_wgrad_segments(*args, d_sg, d_su, d_sd)
-        _lib.grouped_gemm(wgrad_kind(dtype), [down, *gate_up], dev)
-        return d_sg, d_su, d_sd
-    mine = buf.local["wg_s"][: 3 * n * H * dtype.itemsize].view(dtype)  # [d_sg | d_su | d_sd] of my columns
-    sg, su, sd = mine[: n * H].view(n, H), mine[n * H: 2 * n * H].view(n, H), mine[2 * n * H:].view(H, n)
-    down, gate_up = shared_wgrad_segments(*args, sg, su, sd, s0=buf.rank * n)
+    if n:  # my columns, written straight into my buffer: [d_sg | d_su | d_sd]
+        mine = buf.local["wg_s"][: 3 * n * H * dtype.itemsize].view(dtype)
+        sg, su, sd = mine[: n * H].view(n, H), mine[n * H: 2 * n * H].view(n, H), mine[2 * n * H:].view(H, n)
+    else:
+        sg, su, sd = _empty(dev, dtype, S, H), _empty(dev, dtype, S, H), _empty(dev, dtype, H, S)
+    down, gate_up = shared_wgrad_segments(W * T, H, S, rows_all["dy"], rows_all["a_s"], rows_all["dg_s"],
+                                          rows_all["x_b"], sg, su, sd, s0=buf.rank * n)
     _lib.grouped_gemm(wgrad_kind(dtype), [down, *gate_up], dev)
+    if not n:
+        return sg, su, sd
     _sync_phase(buf, BWD_SHARED, buf.epoch_bwd)
     slices = _empty(dev, dtype, W, 3 * n * H)
     _lib.ep_concat(buf.tables["wg_s"], slices)  # every rank's first 3*n*H values, rank order

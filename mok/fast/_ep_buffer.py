@@ -18,6 +18,7 @@ Regions of one rank's buffer (bf16 unless said; T tokens of this rank):
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -51,20 +52,14 @@ def _layout(regions) -> tuple[dict, int]:
     """name -> (byte offset, dtype, shape), and the total bytes; every region 256-byte aligned."""
     out, off = {}, 0
     for name, dtype, shape in regions:
-        n = 1
-        for s in shape:
-            n *= s
         out[name] = (off, dtype, shape)
-        off += -(-n * dtype.itemsize // ALIGN) * ALIGN
+        off += -(-math.prod(shape) * dtype.itemsize // ALIGN) * ALIGN
     return out, max(off, ALIGN)
 
 
 def _view(raw: torch.Tensor, spec) -> torch.Tensor:
     off, dtype, shape = spec
-    n = 1
-    for s in shape:
-        n *= s
-    return raw[off: off + n * dtype.itemsize].view(dtype).view(shape)
+    return raw[off: off + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
 
 
 def timeout_s() -> float:
