@@ -47,17 +47,14 @@ def traffic(topk_idx_all: torch.Tensor, W: int, rank: int, H: int, E: int) -> di
 
 
 def _timed(fn, warmup: int, reps: int, barrier) -> float:
+    """bench_moe.timed ("stream" mode), all ranks starting the timed reps together."""
+    from bench_moe import timed
+
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     barrier()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev)
+    return timed(fn, 0, reps, mode="stream")
 
 
 def _kernel_ms(fn, names: tuple) -> dict:
@@ -76,9 +73,10 @@ def _kernel_ms(fn, names: tuple) -> dict:
 
 
 def _baseline_step(x, idx, w, weights, group, W, L, backward: bool, dy=None):
-    """all_to_all_single dispatch -> grouped_mm on local experts -> all_to_all_single back -> combine."""
+    """all_to_all_single dispatch -> the grouped_mm path (baselines.py) on the local experts, one row per
+    received pair -> all_to_all_single back -> fp32 weighted combine."""
     import torch.distributed.nn.functional as dnf
-    import torch.nn.functional as F
+    from baselines import grouped_mm_path
 
     rg, ru, rd = weights
     T, H = x.shape
@@ -94,13 +92,8 @@ def _baseline_step(x, idx, w, weights, group, W, L, backward: bool, dy=None):
     got = dnf.all_to_all_single(torch.empty(sum(rc), H, dtype=x.dtype, device=x.device), rows, rc, sc, group=group)
     ids = torch.empty(sum(rc), dtype=flat.dtype, device=x.device)
     torch.distributed.all_to_all_single(ids, flat[order].contiguous(), rc, sc, group=group)
-    local = ids % L
-    o2 = torch.argsort(local, stable=True)
-    offs = torch.cumsum(torch.bincount(local, minlength=L), 0).to(torch.int32)
-    xs = got[o2]
-    a = F.silu(torch._grouped_mm(xs, rg.transpose(1, 2), offs=offs)) * torch._grouped_mm(xs, ru.transpose(1, 2), offs=offs)
-    o = torch.empty_like(xs)
-    o = o.index_copy(0, o2, torch._grouped_mm(a, rd.transpose(1, 2), offs=offs))
+    ones = torch.ones(ids.shape[0], 1, dtype=torch.float32, device=x.device)
+    o = grouped_mm_path(got, (ids % L).unsqueeze(1), ones, None, None, None, rg, ru, rd)  # weight 1: o itself
     back = dnf.all_to_all_single(torch.empty(sum(sc), H, dtype=x.dtype, device=x.device), o, sc, rc, group=group)
     contrib = back.float() * w.reshape(-1)[order].unsqueeze(1)
     y = torch.zeros(T, H, dtype=torch.float32, device=x.device).index_add(0, order // K, contrib).to(torch.bfloat16)

@@ -159,8 +159,11 @@ def main() -> None:
                          "gradients of bf16 weights and like mok.MoE with bf16 parameters)")
     a = ap.parse_args()
     wgrad = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.weight_grads or ("bf16" if a.suite else "fp32")]
-    if a.suite:
-        a.routings, a.methods = "random", "mok,grouped_mm" if a.methods == ap.get_default("methods") else a.methods
+    if a.suite:  # its defaults; what the user passed stays
+        if a.routings == ap.get_default("routings"):
+            a.routings = "random"
+        if a.methods == ap.get_default("methods"):
+            a.methods = "mok,grouped_mm"
     configs = load_configs(SUITE if a.suite else CONFIGS)
     if a.configs:
         configs = [c for c in configs if c["name"] in a.configs.split(",")]

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from mok.harness.bits import assert_bitwise_equal, rel_error
 from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
 from mok.harness.dist import launch
+from mok.harness.fast_checks import GRAD_OF
 from mok.harness.runner import run_layer, shard_inputs, unshard_outputs
 
 CFGS = {
@@ -40,11 +41,11 @@ def _run(rank, world_size, group, inputs, W, via_op):
     if via_op:
         from mok.nn import ops
 
-        leaves = [a.clone().requires_grad_(True) if a is not None and a.is_floating_point() else a for a in args]
-        y = ops.moe(*leaves, group=group, backend="fast")
+        leaves = {a: (v.clone().requires_grad_(True) if v is not None and v.is_floating_point() else v)
+                  for a, v in zip(LAYER_ARGS, args)}
+        y = ops.moe(*leaves.values(), group=group, backend="fast")
         y.backward(local["dy"])
-        out = dict(zip(OUTPUT_NAMES, (y.detach(), *(leaves[i].grad if leaves[i] is not None else None
-                                                    for i in (0, 2, 6, 7, 8, 3, 4, 5)))))
+        out = {"y": y.detach(), **{g: (leaves[a].grad if leaves[a] is not None else None) for g, a in GRAD_OF.items()}}
     elif W == 1:
         d = check_layer_args(*args, world_size=1)
         y, ctx = _ep.run_forward_ep(*args, d, group)

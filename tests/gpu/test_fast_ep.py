@@ -11,7 +11,7 @@ import mok.fast
 from mok.harness.bits import assert_bitwise_equal, raw_bits
 from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
 from mok.harness.dist import WorkerError, launch, run_world
-from mok.harness.fast_checks import assert_within_2x, plain_outputs
+from mok.harness.fast_checks import GRAD_OF, assert_within_2x, plain_outputs
 from mok.harness.runner import run_layer, shard_inputs, unshard_outputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
@@ -104,11 +104,8 @@ def _through_autograd_op(rank, world_size, group, inputs):
               for k, v in local.items()}
     y = ops.moe(*(leaves[a] for a in LAYER_ARGS), group=group, backend="fast")
     y.backward(local["dy"])
-    names = {"d_x": "x", "d_topk_weight": "topk_weight", "d_routed_gate": "routed_gate", "d_routed_up": "routed_up",
-             "d_routed_down": "routed_down", "d_shared_gate": "shared_gate", "d_shared_up": "shared_up",
-             "d_shared_down": "shared_down"}
     out = {"y": y.detach().cpu()}
-    out.update({g: (leaves[a].grad.cpu() if leaves[a] is not None else None) for g, a in names.items()})
+    out.update({g: (leaves[a].grad.cpu() if leaves[a] is not None else None) for g, a in GRAD_OF.items()})
     return out
 
 
