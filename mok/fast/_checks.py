@@ -20,6 +20,13 @@ def _contiguous(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()} for shape {tuple(t.shape)}")
 
 
+def sizes_problem(H: int, I: int, S: int) -> str | None:
+    """Why the fast path cannot take these sizes (16-byte rows for TMA: multiples of 8; S = 0 allowed), or None."""
+    if H % 8 or I % 8 or S % 8:
+        return f"the fast path needs H, I, S multiples of 8, got H={H} I={I} S={S}"
+    return None
+
+
 def check_group(group) -> int:
     """World size W of `group` (1 for None); TypeError/ValueError for what is not a live process group."""
     return world(group)[0]

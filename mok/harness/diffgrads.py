@@ -69,9 +69,11 @@ def check_args(cfg: MoEConfig, seeds, world_sizes, *, routing="random", reruns=2
     if impl == "fast":
         if device != "cuda":
             raise ValueError(f"impl: 'fast' runs on device 'cuda', got device {device!r}")
-        if cfg.H % 8 or cfg.I % 8 or cfg.S % 8:
-            raise ValueError(f"shape: the fast path needs H, I, S multiples of 8, got H={cfg.H} I={cfg.I} S={cfg.S} "
-                             f"(or pass impl 'reference')")
+        from ..fast._checks import sizes_problem
+
+        problem = sizes_problem(cfg.H, cfg.I, cfg.S)
+        if problem:
+            raise ValueError(f"shape: {problem} (or pass impl 'reference')")
     if len(seeds) < 2 or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: expected at least 2 distinct seeds (to show equality is not vacuous), got {list(seeds)}")
     _int("reruns", reruns, 2)

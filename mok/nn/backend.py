@@ -28,9 +28,12 @@ def fast_status(device: torch.device, *, world_size: int = 1, sizes: tuple = ())
     """
     if device.type != "cuda":
         return False, f"the layer is on {device}, the fast path needs a CUDA device"
-    if any(v % 8 for v in sizes):
-        return False, f"the fast path needs H, I, S multiples of 8, got {tuple(sizes)}"
     from ..fast import is_available
+    from ..fast._checks import sizes_problem
+
+    problem = sizes_problem(*sizes) if sizes else None
+    if problem:
+        return False, problem
 
     return is_available(device)
 
