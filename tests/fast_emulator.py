@@ -244,8 +244,9 @@ def _remove_files():
 def _check_inputs(*args, world_size: int = 1):
     """The layer's shared checks and the fast path's size rules, without the GPU ones."""
     d = reference.check_layer_args(*args, world_size=world_size)
-    if d.H % 8 or d.I % 8 or d.S % 8:
-        raise ValueError(f"x: expected H, I, S multiples of 8, got {d.H}, {d.I}, {d.S}")
+    problem = _checks.sizes_problem(d.H, d.I, d.S)
+    if problem:
+        raise ValueError(f"x: {problem}")
     return d
 
 
