@@ -217,19 +217,14 @@ def main() -> None:
     print(f"| config | routing | method | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | % of peak ({peak:.0f}) "
           f"| time ratio mok/this (fwd / fwd+bwd) | peak GiB |")
     print("|---|---|---|---|---|---|---|---|---|")
+    slower = []
     for r in rows:
         mk = next((q for q in rows if q["config"] == r["config"] and q["routing"] == r["routing"]
                    and q["method"] == "mok"), None)
         sp = f"{mk['fwd_ms'] / r['fwd_ms']:.2f} / {mk['fb_ms'] / r['fb_ms']:.2f}" if mk else "-"
         print(f"| {r['config']} | {r['routing']} | {r['method']} | {r['fwd_ms']:.2f} | {r['fb_ms']:.2f} | "
               f"{r['fb_tflops']:.0f} | {100 * r['fb_tflops'] / peak:.0f}% | {sp} | {r['peak_gib']:.1f} |")
-    slower = []
-    for r in rows:
-        mk = next((q for q in rows if q["config"] == r["config"] and q["routing"] == r["routing"]
-                   and q["method"] == "mok"), None)
-        if mk is None or r is mk:
-            continue
-        lost = [p for p, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fb_ms")) if r[key] < mk[key]]
+        lost = [p for p, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fb_ms")) if mk is not None and r[key] < mk[key]]
         if lost:
             slower.append(f"{r['config']} {r['routing']} vs {r['method']} ({', '.join(lost)})")
     print(f"\nmok slower than another method on: {', '.join(slower) if slower else 'none'}")
