@@ -23,7 +23,23 @@ CFGS = {
 }
 
 
-def _run(rank, world_size, group, inputs, W, via_op):
+def _stack_gate_up(local: dict) -> None:
+    """Gate and up (routed and shared) as the halves of one [gate; up] tensor, as mok.nn.ops casts float32
+    weights and transformers stores gate_up_proj."""
+    for gate, up, dim in (("routed_gate", "routed_up", 1), ("shared_gate", "shared_up", 0)):
+        if local[gate] is not None:
+            local[gate], local[up] = torch.cat([local[gate], local[up]], dim).chunk(2, dim)
+
+
+def _no_concatenation(gate_up_weights):
+    def checked(*args):
+        w_gu, w_gu_s, concat = gate_up_weights(*args)
+        assert concat is None, "gate and up were concatenated although they are halves of one tensor"
+        return w_gu, w_gu_s, concat
+    return checked
+
+
+def _run(rank, world_size, group, inputs, W, via_op, stacked=False):
     import fast_emulator
 
     import mok.fast
@@ -37,6 +53,9 @@ def _run(rank, world_size, group, inputs, W, via_op):
         dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'init')}", rank=0, world_size=1)
         group = dist.group.WORLD
     local = shard_inputs(inputs, rank, W)
+    if stacked:
+        _stack_gate_up(local)
+        _ep.gate_up_weights = _no_concatenation(_ep.gate_up_weights)
     args = [local[a] for a in LAYER_ARGS]
     if via_op:
         from mok.nn import ops
@@ -59,8 +78,8 @@ def _run(rank, world_size, group, inputs, W, via_op):
     return {k: (v.detach().clone() if v is not None else None) for k, v in out.items()}
 
 
-def _world(inputs, W, via_op=False):
-    return unshard_outputs(launch(_run, (inputs, W, via_op), W if W > 1 else 1, timeout_s=60))
+def _world(inputs, W, via_op=False, stacked=False):
+    return unshard_outputs(launch(_run, (inputs, W, via_op, stacked), W if W > 1 else 1, timeout_s=60))
 
 
 @pytest.mark.parametrize("name", list(CFGS))
@@ -73,6 +92,19 @@ def test_every_output_at_w2_and_w4_is_bitwise_the_w1_output(name):
             assert (got[k] is None) == (want[k] is None), k
             if want[k] is not None:
                 assert_bitwise_equal(got[k], want[k], f"W={W} {k}")
+
+
+@pytest.mark.parametrize("name", ["sliced", "no_shared"])
+def test_gate_up_halves_of_one_tensor_give_the_same_bits_without_a_concatenation(name):
+    """Gate and up passed as views into one [gate; up] tensor: forward reads them at their strides, backward's
+    d_x GEMM reads the tensor itself (no concatenation), and every output is bitwise the separate tensors'."""
+    inputs = make_inputs(CFGS[name], seed=25)
+    want = _world(inputs, 1)
+    for W in (1, 2):
+        got = _world(inputs, W, stacked=True)
+        for k in OUTPUT_NAMES:
+            if want[k] is not None:
+                assert_bitwise_equal(got[k], want[k], f"stacked W={W} {k}")
 
 
 def test_the_values_are_the_layers():

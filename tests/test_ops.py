@@ -31,13 +31,24 @@ def test_opcheck_moe(S, weight_dtype, x_dtype, recompute):
     torch.library.opcheck(ops.moe_fwd, (*args, None, "reference", recompute))
     plain = [_detach(a) for a in args]
     out = [t.detach() for t in ops.moe_fwd(*plain, None, "reference", recompute)]
-    fp32 = [i for i, a in enumerate(plain) if a is not None and a.dtype == torch.float32 and i not in (2,)]
-    casts, saved = out[1:1 + len(fp32)], out[1 + len(fp32):]
+    x, _, _, sg, su, sd, rg, ru, rd = plain
+    bf16 = torch.bfloat16
+    want = [x.to(bf16)] if x.dtype == torch.float32 else []  # the bf16 copies forward makes, once
+    if weight_dtype == torch.float32:  # a gate/up pair as one [gate; up] tensor, gate rows first
+        want += ([torch.cat([sg, su]).to(bf16), sd.to(bf16)] if S else []) + [torch.cat([rg, ru], 1).to(bf16),
+                                                                              rd.to(bf16)]
+    casts, saved = out[1:1 + len(want)], out[1 + len(want):]
     assert len(saved) == (0 if recompute else 9)  # recompute saves no intermediates
+    for c, w in zip(casts, want):
+        assert c.dtype == bf16 and torch.equal(c, w)
     bf16_args = list(plain)
-    for i, c in zip(fp32, casts):  # the bf16 copies forward made of fp32 x / weights, once
-        assert c.dtype == torch.bfloat16 and torch.equal(c, plain[i].to(torch.bfloat16))
-        bf16_args[i] = c
+    if x.dtype == torch.float32:
+        bf16_args[0] = casts.pop(0)
+    if weight_dtype == torch.float32:  # backward gets the halves as views of the saved pair
+        pairs = iter(casts)
+        if S:
+            bf16_args[3:5], bf16_args[5] = next(pairs).chunk(2), next(pairs)
+        bf16_args[6:8], bf16_args[8] = next(pairs).chunk(2, 1), next(pairs)
     for bf16_grads in (False, True):  # fp32 weight gradients / bf16 ones (for bf16 parameters)
         torch.library.opcheck(ops.moe_bwd, (dy, *bf16_args, saved, None, "reference", recompute, bf16_grads))
 

@@ -1,8 +1,8 @@
 """Backward pass of the fast path (one GPU, W = 1), as named stages.
 
 pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GEMM (+ shared)
--> SwiGLU backward (dg | du, bf16) -> d_x rows grouped GEMM against [gate; up] (+ shared; the
-concatenation is copied on a side stream meanwhile) -> d_x combine (fp32, shared first then k
+-> SwiGLU backward (dg | du, bf16) -> d_x rows grouped GEMM against [gate; up] (+ shared; read as is
+when gate and up are halves of one tensor, else concatenated on a side stream meanwhile) -> d_x combine (fp32, shared first then k
 ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs (fp32, reduced over
 the expert's rows in canonical order, one CTA per output tile) -> zero empty experts -> NaN
 poison of every output if the routing flag is set.
@@ -13,6 +13,7 @@ import torch
 
 from ..reference import Dims
 from . import _lib
+from ._checks import stacked_gate_up
 from ._forward import FastContext, Schedule, _empty
 from ._lib import Operand, Segment
 
@@ -28,12 +29,25 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE[idx]
 
 
-def stack_gate_up(rg, ru, sg, su, w_gu, w_gu_s) -> None:
-    """Fill w_gu [E, 2I, H] = [gate; up] per expert and w_gu_s [2S, H] (if a shared expert) for the d_x
-    GEMM's one accumulation over 2I."""
-    torch.cat([rg, ru], dim=1, out=w_gu)
-    if sg is not None:
-        torch.cat([sg, su], dim=0, out=w_gu_s)
+def gate_up_weights(rg, ru, sg, su):
+    """(w_gu [E, 2I, H], w_gu_s [2S, H] or None, concat): the [gate; up] weights of the d_x GEMM's one
+    accumulation over 2I. Views when gate and up already are halves of one tensor (`stacked_gate_up`:
+    mok.nn.ops casts float32 weights so, transformers stores `gate_up_proj` so); else new buffers, and
+    `concat()` fills them (call it on the stream that must carry the copies)."""
+    w_gu, w_gu_s = stacked_gate_up(rg, ru), stacked_gate_up(sg, su)
+    todo = []
+    if w_gu is None:
+        w_gu = torch.empty((rg.shape[0], 2 * rg.shape[1], rg.shape[2]), dtype=rg.dtype, device=rg.device)
+        todo.append((rg, ru, w_gu, 1))
+    if sg is not None and w_gu_s is None:
+        w_gu_s = torch.empty((2 * sg.shape[0], sg.shape[1]), dtype=sg.dtype, device=sg.device)
+        todo.append((sg, su, w_gu_s, 0))
+
+    def concat() -> None:
+        for gate, up, out, dim in todo:
+            torch.cat([gate, up], dim=dim, out=out)
+
+    return w_gu, w_gu_s, (concat if todo else None)
 
 
 def d_act(ctx: FastContext, dy, go_RH, rd, sd):
@@ -143,11 +157,11 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32):
     # Buffers used on both streams are allocated on the main one; every side-stream use is ordered
     # before the main stream's later work (main.wait_stream(side)), so none is reused too early.
     main, side = torch.cuda.current_stream(dev), _side_stream(dev)
-    w_gu = _empty(dev, torch.bfloat16, d.E, 2 * d.I, d.H)
-    w_gu_s = _empty(dev, torch.bfloat16, 2 * d.S, d.H) if d.S else None
-    side.wait_stream(main)
-    with torch.cuda.stream(side):  # the concatenation overlaps the pre-combine, d_a and SwiGLU backward
-        stack_gate_up(rg, ru, sg, su, w_gu, w_gu_s)
+    w_gu, w_gu_s, concat = gate_up_weights(rg, ru, sg, su)
+    if concat is not None:
+        side.wait_stream(main)
+        with torch.cuda.stream(side):  # the concatenation overlaps the pre-combine, d_a and SwiGLU backward
+            concat()
 
     d_w = _empty(dev, torch.float32, d.T, d.K)
     go_RH = _empty(dev, torch.bfloat16, R, d.H)

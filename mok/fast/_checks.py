@@ -1,6 +1,7 @@
 """Host-side validation of the fast path's inputs: the layer's shared checks
 (`mok.reference.check_layer_args`: types, dtypes, shapes, devices, K) plus the fast path's own rules
-(a CUDA tensor on an sm_90 GPU, contiguity, 16-byte rows for TMA).
+(a CUDA tensor on an sm_90 GPU, contiguity, 16-byte rows for TMA). routed_gate and routed_up may
+instead be the two halves of one [L, 2I, H] tensor (`stacked_gate_up`).
 
 Expert ids are checked on the device (see docs/fast_path.md), never here, so nothing syncs.
 """
@@ -18,6 +19,26 @@ _NAMES = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_do
 def _contiguous(name: str, t: torch.Tensor) -> None:
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+def stacked_gate_up(gate: torch.Tensor | None, up: torch.Tensor | None) -> torch.Tensor | None:
+    """The one [L, 2I, H] (or [2S, H]) tensor, gate rows first, whose halves `gate` and `up` ([L, I, H] or
+    [S, H]) are, e.g. `w[:, :I]` and `w[:, I:]` of transformers' `gate_up_proj`; None when they are not.
+    The d_x GEMM reads it as is; otherwise backward concatenates gate and up each call."""
+    if gate is None or up is None or gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device:
+        return None
+    if gate.dim() not in (2, 3) or gate.numel() == 0:
+        return None
+    *lead, n, H = gate.shape
+    stacked = (*lead, 2 * n, H)
+    strides = (2 * n * H, H, 1)[-gate.dim():]
+    if gate.stride() != strides and not (gate.dim() == 3 and lead[0] == 1 and gate.stride()[1:] == (H, 1)):
+        return None
+    if up.stride() != gate.stride() or up.untyped_storage().data_ptr() != gate.untyped_storage().data_ptr():
+        return None
+    if up.storage_offset() != gate.storage_offset() + n * H:
+        return None
+    return gate.as_strided(stacked, strides, gate.storage_offset())
 
 
 def sizes_problem(H: int, I: int, S: int) -> str | None:
@@ -43,8 +64,9 @@ def check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, 
     problem = sm90_problem(x.device)
     if problem:
         raise RuntimeError(f"x: {problem}")
+    halves = {"routed_gate", "routed_up"} if stacked_gate_up(routed_gate, routed_up) is not None else set()
     for name, t in zip(_NAMES, args):
-        if t is not None:
+        if t is not None and name not in halves:
             _contiguous(name, t)
     if d.T < 1:
         raise ValueError(f"x: expected at least one token (T >= 1), got T = {d.T}")

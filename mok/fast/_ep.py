@@ -25,7 +25,7 @@ import torch
 
 from ..reference import Dims
 from . import _ep_buffer, _lib
-from ._backward import (d_act, d_input_rows, shared_wgrad_segments, stack_gate_up, swiglu_backward, weight_grads,
+from ._backward import (d_act, d_input_rows, gate_up_weights, shared_wgrad_segments, swiglu_backward, weight_grads,
                         wgrad_kind)
 from ._forward import FastContext, Schedule, _empty, down, gate_up, swiglu
 
@@ -146,9 +146,9 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32):
     go_RH = _empty(dev, torch.bfloat16, R, H)
     _lib.ep_gather_rows(buf.tables["go"], T * K, 1, sched.row_pair, sched.offsets, L, go_RH)
     rows_all = _shared_rows_all(buf, S, W, T, H, dev) if S else None  # read before phase 3 lets ranks move on
-    w_gu = _empty(dev, torch.bfloat16, L, 2 * d.I, H)
-    w_gu_s = _empty(dev, torch.bfloat16, 2 * S, H) if S else None
-    stack_gate_up(rg, ru, sg, su, w_gu, w_gu_s)
+    w_gu, w_gu_s, concat = gate_up_weights(rg, ru, sg, su)
+    if concat is not None:
+        concat()
     da, _ = d_act(lctx, None, go_RH, rd, sd)
     dgu, _ = swiglu_backward(lctx, da, None)
     dx_RH, dxs = d_input_rows(lctx, dgu, dgu_s, w_gu, w_gu_s)

@@ -13,6 +13,7 @@ import torch
 
 from ..reference import Dims
 from . import _lib
+from ._checks import stacked_gate_up
 from ._lib import Operand, Segment
 
 
@@ -60,9 +61,11 @@ def gate_up(x_TH, x_RH, sched: Schedule, d: Dims, routed_gate, routed_up, shared
     dev, (T, H, I, S, E) = x_TH.device, (d.T, d.H, d.I, d.S, d.E)
     gu = _empty(dev, torch.float32, x_RH.shape[0], 2 * I)
     x_rows = Operand(x_RH, 0, H, H)
-    segs = [Segment.expert_rows(sched.offsets, E, I, H, x_rows, Operand(w, I * H, 0, H),
-                                Operand(gu, 0, 2 * I, 2 * I, offset=half * I))
-            for half, w in enumerate((routed_gate, routed_up))]
+    w_gu = stacked_gate_up(routed_gate, routed_up)  # halves of one [E, 2I, H] tensor: read them from it
+    w_ops = ([Operand(w_gu, 2 * I * H, 0, H, offset=half * I * H) for half in (0, 1)] if w_gu is not None else
+             [Operand(w, I * H, 0, H) for w in (routed_gate, routed_up)])
+    segs = [Segment.expert_rows(sched.offsets, E, I, H, x_rows, w_op, Operand(gu, 0, 2 * I, 2 * I, offset=half * I))
+            for half, w_op in enumerate(w_ops)]
     gu_s = None
     if S:
         gu_s = _empty(dev, torch.float32, T, 2 * S)

@@ -84,7 +84,8 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 
 
 def _weights(experts: nn.Module, H: int):
-    """(gate [L, I, H], up [L, I, H], down [L, H, I]) views of the module's fused weights."""
+    """(gate_up [L, 2I, H], gate rows first, contiguous; down [L, H, I] contiguous): the module's own
+    tensors when stored so (no copy), else one copy of each in that layout."""
     gate_up, down = _plain(experts.gate_up_proj), _plain(experts.down_proj)
     if getattr(experts, "is_transposed", False):
         gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
@@ -93,9 +94,9 @@ def _weights(experts: nn.Module, H: int):
     if H_w != H or two_I != 2 * I or tuple(down.shape) != (L, H, I):
         raise ValueError(f"{type(experts).__name__}: expected gate_up_proj [L, 2I, {H}] and down_proj [L, {H}, I] "
                          f"(H = hidden_states.shape[-1]), got {tuple(gate_up.shape)} and {tuple(down.shape)}")
-    if getattr(experts, "is_concatenated", True):
-        return gate_up[:, :I], gate_up[:, I:], down
-    return gate_up[:, 0::2], gate_up[:, 1::2], down
+    if not getattr(experts, "is_concatenated", True):  # interleaved rows: gate rows first
+        gate_up = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1)
+    return gate_up.contiguous(), down.contiguous()
 
 
 def _pick(requested: str, device: torch.device, H: int, I: int) -> str:
@@ -112,15 +113,15 @@ def _pick(requested: str, device: torch.device, H: int, I: int) -> str:
     return _chosen[key]
 
 
-def _null_experts(gate, up, down, top_k_index, top_k_weights, L: int):
+def _null_experts(gate_up, down, top_k_index, top_k_weights, L: int):
     """Expert-parallel sentinels (ids >= L, weight 0) to K zero experts L + k: distinct ids, exact zeros."""
     K = top_k_index.shape[1]
     off = top_k_index >= L
     slot = torch.arange(L, L + K, device=top_k_index.device).expand_as(top_k_index)
     idx = torch.where(off, slot, top_k_index)
     w = top_k_weights.masked_fill(off, 0.0)  # no gradient to the other ranks' slots
-    pad = [t.new_zeros((K, *t.shape[1:])) for t in (gate, up, down)]
-    return (torch.cat([gate, pad[0]]), torch.cat([up, pad[1]]), torch.cat([down, pad[2]]), idx, w)
+    pad = [t.new_zeros((K, *t.shape[1:])) for t in (gate_up, down)]
+    return torch.cat([gate_up, pad[0]]), torch.cat([down, pad[1]]), idx, w
 
 
 def make_experts_forward(backend: str = "auto", recompute: bool = False):
@@ -150,13 +151,14 @@ def make_experts_forward(backend: str = "auto", recompute: bool = False):
         if hidden_states.dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"hidden_states: expected dtype torch.float32 or torch.bfloat16, got {hidden_states.dtype}")
         H = hidden_states.shape[-1]
-        gate, up, down = _weights(self, H)
+        gate_up, down = _weights(self, H)
         idx, w = top_k_index.long(), top_k_weights.float()
         if getattr(self, "_is_expert_parallel", False):
-            gate, up, down, idx, w = _null_experts(gate, up, down, idx, w, self.num_experts)
+            gate_up, down, idx, w = _null_experts(gate_up, down, idx, w, self.num_experts)
+        gate, up = gate_up.chunk(2, dim=1)  # views: the fast path's backward reads gate_up as is
         name = _pick(backend, hidden_states.device, H, gate.shape[1])
-        y = ops.moe(hidden_states.contiguous(), idx.contiguous(), w.contiguous(), None, None, None, gate.contiguous(),
-                    up.contiguous(), down.contiguous(), backend=name, recompute=recompute)  # the fast path's layout
+        y = ops.moe(hidden_states.contiguous(), idx.contiguous(), w.contiguous(), None, None, None, gate, up, down,
+                    backend=name, recompute=recompute)
         return y.to(hidden_states.dtype)
 
     return mok_experts_forward

@@ -12,8 +12,9 @@ Each backend saves and loads its own context (`save_context` / `load_context`); 
 `recompute=True` only the inputs are saved and backward runs the forward again.
 
 Weights may be float32 (master weights) or bfloat16. float32 ones are rounded to bf16 once per
-step, in the forward op, and the bf16 copies are saved for backward; bf16 ones are used as they
-are. Weight gradients are computed in float32 and cast to each weight's dtype (no rounding for
+step, in the forward op, and the bf16 copies are saved for backward (a float32 gate/up pair into one
+[gate; up] tensor, which the fast path's backward reads without concatenating); bf16 ones are used as
+they are. Weight gradients are computed in float32 and cast to each weight's dtype (no rounding for
 float32 weights). x likewise: float32 x is rounded to bf16 once; d_x comes back in x's dtype.
 """
 
@@ -56,26 +57,57 @@ def _impl(backend: str):
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 
 
-def _check_dtype(name: str, t: Optional[Tensor]) -> None:
-    if t is not None and t.dtype not in _WEIGHT_DTYPES:
-        raise TypeError(f"{name}: expected dtype torch.float32 or torch.bfloat16, got {t.dtype}")
+_LAYER_PAIRS = ((1, 2), (4, 5))  # (gate, up) positions among (x, shared gate/up/down, routed gate/up/down)
 
 
-def _casts(named: list) -> list[Tensor]:
-    """bf16 copies of the float32 tensors among (name, tensor) pairs, in order (None and bf16 skipped)."""
+def _cast_plan(named: list, pairs=()) -> list[tuple[int, ...]]:
+    """Which of the (name, tensor) pairs are rounded to bf16, as groups of positions: each float32
+    (gate, up) pair of `pairs` as one [gate; up] tensor (the fast path's d_x GEMM reads it without a
+    concatenation), every other float32 tensor alone. Depends on dtypes and shapes only, so the fake
+    implementations agree. TypeError for a dtype other than float32 / bfloat16."""
     for name, t in named:
-        _check_dtype(name, t)
-    return [t.to(torch.bfloat16) for _, t in named if t is not None and t.dtype == torch.float32]
+        if t is not None and t.dtype not in _WEIGHT_DTYPES:
+            raise TypeError(f"{name}: expected dtype torch.float32 or torch.bfloat16, got {t.dtype}")
+    ts = [t for _, t in named]
+    f32 = [t is not None and t.dtype == torch.float32 for t in ts]
+    paired = [p for p in pairs if f32[p[0]] and f32[p[1]] and ts[p[0]].shape == ts[p[1]].shape]
+    singles = [(i,) for i in range(len(ts)) if f32[i] and not any(i in p for p in paired)]
+    return sorted(paired + singles)
 
 
-def _with_casts(tensors: list, casts) -> list:
-    """`tensors` with each float32 one replaced by the next of `casts` (bf16), None and bf16 kept."""
-    it = iter(casts)
-    return [next(it) if t is not None and t.dtype == torch.float32 else t for t in tensors]
+def _cast_shape(tensors: list, group: tuple) -> tuple:
+    """Shape of a group's bf16 rounding: a pair [..., n, H] gives [..., 2n, H]."""
+    t = tensors[group[0]]
+    return tuple(t.shape) if len(group) == 1 else (*t.shape[:-2], 2 * t.shape[-2], t.shape[-1])
 
 
-def _n_casts(tensors: list) -> int:
-    return sum(t is not None and t.dtype == torch.float32 for t in tensors)
+def _parts(cast: Tensor, n: int) -> list[Tensor]:
+    """The bf16 versions inside one cast: itself, or the gate and up halves (views) of a pair's."""
+    return [cast] if n == 1 else list(cast.chunk(2, dim=-2))
+
+
+def _casts(tensors: list, plan) -> list[Tensor]:
+    """The bf16 roundings of `plan`'s groups (a pair's written into one tensor, gate rows first)."""
+    out = []
+    for group in plan:
+        cast = torch.empty(_cast_shape(tensors, group), dtype=torch.bfloat16, device=tensors[group[0]].device)
+        for i, part in zip(group, _parts(cast, len(group))):
+            part.copy_(tensors[i])
+        out.append(cast)
+    return out
+
+
+def _with_casts(tensors: list, plan, casts) -> list:
+    """`tensors` with each rounded one replaced by its bf16 version (a pair by the halves of its cast)."""
+    out = list(tensors)
+    for group, cast in zip(plan, casts):
+        for i, part in zip(group, _parts(cast, len(group))):
+            out[i] = part
+    return out
+
+
+def _fake_casts(tensors: list, plan) -> list[Tensor]:
+    return [tensors[g[0]].new_empty(_cast_shape(tensors, g), dtype=torch.bfloat16) for g in plan]
 
 
 def _empty(dtype, device, *shape):
@@ -100,8 +132,9 @@ def router_fwd(x: Tensor, weight: Tensor, k: int, score: str, normalize: bool, b
         raise ValueError(f"x: expected 2 dimensions [T, H], got shape {tuple(x.shape)}")
     if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
         raise ValueError(f"weight: expected shape (E, {x.shape[1]}), got {tuple(weight.shape)}")
-    casts = _casts([("x", x), ("weight", weight)])
-    x16, w16 = _with_casts([x, weight], casts)
+    plan = _cast_plan([("x", x), ("weight", weight)])
+    casts = _casts([x, weight], plan)
+    x16, w16 = _with_casts([x, weight], plan, casts)
     out = _impl(backend).router_forward(x16.contiguous(), w16.contiguous(), k, score, normalize)
     return [*out, *casts]  # a float first (opcheck sums outputs)
 
@@ -110,7 +143,7 @@ def router_fwd(x: Tensor, weight: Tensor, k: int, score: str, normalize: bool, b
 def _(x, weight, k, score, normalize, backend):
     T, E = x.shape[0], weight.shape[0]
     f32, dev = torch.float32, x.device
-    casts = [torch.empty_like(t, dtype=torch.bfloat16) for t in (x, weight) if t.dtype == torch.float32]
+    casts = _fake_casts([x, weight], _cast_plan([("x", x), ("weight", weight)]))
     return [_empty(f32, dev, T, k), _empty(torch.int64, dev, T, k), _empty(f32, dev, T, E), _empty(f32, dev, T, E),
             *casts]
 
@@ -134,7 +167,7 @@ def _router_setup(ctx, inputs, output):
     _, topk_idx, scores, _, *casts = output
     ctx.mark_non_differentiable(topk_idx, *casts)
     ctx.set_materialize_grads(False)  # no zero tensors for outputs that get no gradient
-    x16, w16 = _with_casts([x, weight], casts)
+    x16, w16 = _with_casts([x, weight], _cast_plan([("x", x), ("weight", weight)]), casts)
     ctx.save_for_backward(x16, w16, scores, topk_idx)
     ctx.dtypes = (x.dtype, weight.dtype)
     ctx.args = (score, normalize, backend)
@@ -177,6 +210,11 @@ def router(x_TH: Tensor, weight_EH: Tensor, k: int, *, score: str = "softmax", n
 _W_NAMES = ("shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up", "routed_down")
 
 
+def _layer_plan(tensors: list) -> list[tuple[int, ...]]:
+    """`_cast_plan` of (x, the 6 weights), float32 gate/up pairs stacked."""
+    return _cast_plan(list(zip(("x", *_W_NAMES), tensors)), _LAYER_PAIRS)
+
+
 def _saves(recompute: bool) -> bool:
     return not recompute
 
@@ -186,9 +224,10 @@ def moe_fwd(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optio
             shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
             routed_down: Tensor, group_name: Optional[str], backend: str, recompute: bool) -> list[Tensor]:
     """[y, *bf16 copies of the float32 ones among x and the 6 weights, *the backend's saved context]."""
-    weights = [shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
-    casts = _casts([("x", x), *zip(_W_NAMES, weights)])
-    x16, *w16 = _with_casts([x, *weights], casts)
+    tensors = [x, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
+    plan = _layer_plan(tensors)
+    casts = _casts(tensors, plan)
+    x16, *w16 = _with_casts(tensors, plan, casts)
     impl = _impl(backend)
     y, ctx = impl.forward(x16, topk_idx, topk_weight, *w16, group=_group(group_name))
     return [y, *casts, *(impl.save_context(ctx) if _saves(recompute) else [])]
@@ -198,8 +237,7 @@ def moe_fwd(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optio
 def _(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down,
       group_name, backend, recompute):
     weights = [shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
-    casts = [torch.empty_like(t, dtype=torch.bfloat16) for t in (x, *weights)
-             if t is not None and t.dtype == torch.float32]
+    casts = _fake_casts([x, *weights], _layer_plan([x, *weights]))
     y = torch.empty_like(x, dtype=torch.bfloat16)
     if not _saves(recompute):
         return [y, *casts]
@@ -250,13 +288,13 @@ def _moe_setup(ctx, inputs, output):
     *tensors, group_name, backend, recompute = inputs
     x, idx, w = tensors[:3]
     weights = tensors[3:]
-    n = _n_casts([x, *weights])
-    casts, saved = output[1:1 + n], output[1 + n:]
+    plan = _layer_plan([x, *weights])
+    casts, saved = output[1:1 + len(plan)], output[1 + len(plan):]
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)  # else autograd fills a zero tensor per saved output (GBs) in backward
     ctx.has_shared = weights[0] is not None
     ctx.dtypes = [t.dtype if t is not None else None for t in tensors]
-    x16, *w16 = _with_casts([x, *weights], casts)
+    x16, *w16 = _with_casts([x, *weights], plan, casts)
     ctx.save_for_backward(x16, idx, w, *[t if t is not None else x16.new_empty(0) for t in w16], *saved)
     ctx.args = (group_name, backend, recompute)
 

@@ -36,6 +36,8 @@ def _args(inputs, **override):
     ("shared_up", lambda i: None, "^shared_up: expected a tensor"),  # shared expert half given
     ("x", lambda i: i["x"].cpu(), "^x: expected a CUDA tensor"),  # host tensor
     ("topk_weight", lambda i: i["topk_weight"].t().contiguous().t(), "^topk_weight: expected a contiguous"),  # strided
+    ("routed_gate", lambda i: i["routed_gate"].transpose(1, 2).contiguous().transpose(1, 2),
+     "^routed_gate: expected a contiguous"),  # strided, and not the gate half of one [gate; up] tensor
 ])
 def test_bad_argument_raises_naming_it(inputs, name, bad, match):
     with pytest.raises((TypeError, ValueError), match=match):

@@ -47,6 +47,16 @@ def test_backward_1000_reruns(inputs):
             _assert_same(g, g0, f"backward rerun {i}")
 
 
+def test_gate_up_halves_of_one_tensor_give_the_separate_tensors_bits(inputs):
+    """Gate and up as views into one [gate; up] tensor (what mok.nn.ops and transformers hand over): read at
+    their strides in forward and as one tensor by backward's d_x GEMM, the bits do not change."""
+    stacked = dict(inputs)
+    for gate, up, dim in (("routed_gate", "routed_up", 1), ("shared_gate", "shared_up", 0)):
+        stacked[gate], stacked[up] = torch.cat([inputs[gate], inputs[up]], dim).chunk(2, dim)
+    assert not stacked["routed_gate"].is_contiguous()
+    _assert_same(run_layer(stacked, impl=mok.fast), run_layer(inputs, impl=mok.fast), "gate/up halves")
+
+
 def test_cuda_graph_replay_matches_eager(inputs):
     eager = run_layer(inputs, impl=mok.fast)
     static = {k: (v.clone() if v is not None else None) for k, v in inputs.items()}

@@ -59,8 +59,8 @@ def test_backward_runs_the_forward_only_when_recomputing(monkeypatch, dtype, rec
 
 @pytest.mark.parametrize("dtype, x_dtype, n_casts", [
     (torch.bfloat16, torch.bfloat16, 0),  # bf16 everything: no cast at all
-    (torch.float32, torch.bfloat16, 6),   # fp32 master weights: each of the 6 layer weights once
-    (torch.float32, torch.float32, 7),    # fp32 activations too: x once more
+    (torch.float32, torch.bfloat16, 4),   # fp32 master weights: each once, gate/up pairs into one tensor each
+    (torch.float32, torch.float32, 5),    # fp32 activations too: x once more
 ])
 def test_weights_are_cast_once_per_step(dtype, x_dtype, n_casts):
     model = _model(dtype)
@@ -71,6 +71,28 @@ def test_weights_are_cast_once_per_step(dtype, x_dtype, n_casts):
     assert len(out) == 1 + n_casts + mok.fast._context.N_SAVED
     for c in out[1:1 + n_casts]:
         assert c.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype, concatenations", [
+    (torch.float32, 0),   # fp32 master weights: gate/up rounded into one tensor, backward reads it as is
+    (torch.bfloat16, 1),  # separate bf16 parameters: backward concatenates them once (on a side stream)
+])
+def test_backward_concatenates_gate_and_up_only_for_separate_bf16_parameters(monkeypatch, dtype, concatenations):
+    from mok.fast import _backward
+
+    model = _model(dtype)
+    x, dy = _data()
+    seen = []
+    real = _backward.gate_up_weights
+
+    def spy(*a):
+        out = real(*a)
+        seen.append(out[2] is not None)
+        return out
+
+    monkeypatch.setattr(_backward, "gate_up_weights", spy)
+    _step(model, x, dy)
+    assert seen == [bool(concatenations)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # bf16 params / fp32 master weights

@@ -1,0 +1,88 @@
+"""Gate and up as the two halves of one [gate; up] tensor (mok/fast/_checks.py `stacked_gate_up`): which
+pairs of tensors are recognised, and that mok.nn.ops rounds float32 gate/up pairs into such a tensor and
+transformers' fused gate_up_proj reaches the layer as one, so the fast path's backward concatenates
+nothing. The kernels reading it are tested in tests/test_fast_ep_emulated.py (CPU stand-ins) and
+tests/gpu/test_fast_layer.py (bits)."""
+import pytest
+import torch
+
+from mok.fast._checks import stacked_gate_up
+from mok.nn import ops
+
+L, I, H, S = 3, 8, 16, 8
+
+
+def _w(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _w(L, 2 * I, H).chunk(2, dim=1),                       # routed: transformers' gate_up_proj halves
+    lambda: (lambda w: (w[:, :I], w[:, I:]))(_w(L, 2 * I, H)),     # the same by slicing
+    lambda: _w(2 * S, H).chunk(2),                                  # shared: [2S, H] halves (each contiguous)
+    lambda: _w(1, 2 * I, H).chunk(2, dim=1),                        # one expert
+    lambda: (lambda w: (w[1:, :I], w[1:, I:]))(_w(L, 2 * I, H)),    # an expert-sharded slice of it
+])
+def test_halves_of_one_tensor_are_recognised(make):
+    gate, up = make()
+    both = stacked_gate_up(gate, up)
+    assert both is not None and both.is_contiguous()
+    assert both.data_ptr() == gate.data_ptr()  # a view: nothing copied
+    assert torch.equal(both, torch.cat([gate, up], dim=gate.dim() - 2))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: (_w(L, I, H), _w(L, I, H)),                             # two tensors
+    lambda: tuple(reversed(_w(L, 2 * I, H).chunk(2, dim=1))),       # up rows first
+    lambda: (lambda w: (w[:, 0::2], w[:, 1::2]))(_w(L, 2 * I, H)),  # interleaved rows
+    lambda: (lambda w: (w[:, :I - 1], w[:, I:2 * I - 1]))(_w(L, 2 * I, H)),  # not adjacent
+    lambda: _w(L, H, 2 * I).transpose(1, 2).chunk(2, dim=1),        # transposed storage
+    lambda: (lambda w: (w[:, :I], w[:, I:].to(torch.bfloat16)))(_w(L, 2 * I, H)),  # dtypes differ
+    lambda: (_w(S, H), None),                                       # no up
+])
+def test_other_pairs_are_not(make):
+    assert stacked_gate_up(*make()) is None
+
+
+def test_the_op_rounds_float32_gate_up_pairs_into_one_tensor():
+    """What `mok.nn.ops.moe_fwd` hands the backend and saves for backward: halves of one bf16 tensor."""
+    tensors = [_w(5, H), _w(S, H), _w(S, H), _w(H, S), _w(L, I, H), _w(L, I, H), _w(L, H, I)]
+    plan = ops._layer_plan(tensors)
+    casts = ops._casts(tensors, plan)
+    x16, sg, su, sd, rg, ru, rd = ops._with_casts(tensors, plan, casts)
+    assert len(casts) == 5  # x, [sg; su], sd, [rg; ru], rd
+    for got, t in zip((x16, sg, su, sd, rg, ru, rd), tensors):
+        assert got.dtype == torch.bfloat16 and torch.equal(got, t.to(torch.bfloat16))
+    assert stacked_gate_up(rg, ru) is not None and stacked_gate_up(sg, su) is not None
+
+
+def test_bf16_halves_pass_through_the_op_as_they_are():
+    gate, up = _w(L, 2 * I, H).to(torch.bfloat16).chunk(2, dim=1)
+    tensors = [_w(5, H).to(torch.bfloat16), None, None, None, gate, up, _w(L, H, I).to(torch.bfloat16)]
+    assert ops._layer_plan(tensors) == []  # nothing rounded, nothing copied
+
+
+def test_transformers_gate_up_proj_reaches_the_layer_as_halves_of_one_tensor(monkeypatch):
+    pytest.importorskip("transformers")
+    from mok.hf import experts as hf_experts
+
+    seen = {}
+
+    def spy(x, idx, w, sg, su, sd, rg, ru, rd, **kw):
+        seen["stacked"] = stacked_gate_up(rg, ru)
+        return torch.zeros_like(x, dtype=torch.bfloat16)
+
+    monkeypatch.setattr(hf_experts.ops, "moe", spy)
+    for transposed, concatenated in ((False, True), (True, True), (False, False)):
+        mod = torch.nn.Module()
+        w = _w(L, H, 2 * I) if transposed else _w(L, 2 * I, H)
+        mod.gate_up_proj = torch.nn.Parameter(w.to(torch.bfloat16))
+        mod.down_proj = torch.nn.Parameter((_w(L, I, H) if transposed else _w(L, H, I)).to(torch.bfloat16))
+        mod.is_transposed, mod.is_concatenated, mod.num_experts = transposed, concatenated, L
+        monkeypatch.setattr(hf_experts, "check", lambda m: None)
+        monkeypatch.setattr(hf_experts, "_pick", lambda *a: "reference")
+        fwd = hf_experts.make_experts_forward("reference")
+        fwd(mod, _w(4, H).to(torch.bfloat16), torch.tensor([[0, 1]] * 4), torch.full((4, 2), 0.5))
+        assert seen["stacked"] is not None, (transposed, concatenated)
+        if not transposed and concatenated:  # stored so: the parameter itself, no copy
+            assert seen["stacked"].data_ptr() == mod.gate_up_proj.data_ptr()
