@@ -11,7 +11,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 for step in "$@"; do
   case $step in
     tests) timeout 420 python -m pytest tests/gpu -q -rfE -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/gpu_tests.log" | tail -15;;
-    ep) timeout 420 python -m pytest tests/gpu/test_fast_ep.py -q -rfE -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/gpu_ep.log" | tail -15
+    ep) timeout 90 python -m pytest tests/gpu/test_fast_ep_kernels.py -q -rfE -p no:cacheprovider --timeout 60 2>&1 | tee "$OUT/gpu_ep_kernels.log" | tail -5
+        timeout ${EP_TESTS_S:-420} python -m pytest tests/gpu/test_fast_ep.py -q -rfE -p no:cacheprovider --timeout 120 --durations=6 2>&1 | tee "$OUT/gpu_ep.log" | tail -25
         timeout 240 python -m mok.harness.cli diff-grads --device cuda --impl fast --seeds 0 1 --world-sizes 1 2 4 --no-progress 2>&1 | tee "$OUT/diff_grads_fast_ep.log" | tail -14;;
     bench_ep) for w in 2 4; do timeout 200 python benchmarks/bench_ep.py --world-size $w --config mid-64e; done 2>&1 | grep -v -i warn | tee "$OUT/bench_ep.log";;
     verify) timeout 120 python -m mok.harness.cli verify --device cuda --no-progress 2>&1 | tee "$OUT/verify_cuda.log" | tail -4;;
