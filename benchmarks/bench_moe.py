@@ -6,6 +6,7 @@ CUDA events (median of --reps after --warmup), and prints ms, TFLOP/s, ratio to 
 the bf16 peak measured in the same run (8192^3 matmul) and peak GPU memory.
 
 Usage: python benchmarks/bench_moe.py [--configs a,b] [--routings random,skewed] [--methods mok,grouped_mm,naive]
+       (method mok_gu: mok with gate and up passed as the halves of one [gate; up] tensor)
        python benchmarks/bench_moe.py --suite   (public model shapes of suite.json, mok vs grouped_mm, random routing)
        python benchmarks/bench_moe.py --module   (mok.MoE vs the mok.fast layer vs a plain PyTorch module)
 """
@@ -93,19 +94,24 @@ class Method:
 
     def __init__(self, name: str, inp: dict, weight_grad_dtype: torch.dtype = torch.float32):
         self.name, self.inp, self.wgrad = name, inp, weight_grad_dtype
-        if name != "mok":
+        if name == "mok_gu":  # gate and up as halves of one [gate; up] tensor (mok.MoE's fp32 casts, HF's gate_up_proj)
+            self.inp = dict(inp)
+            for gate, up, dim in (("routed_gate", "routed_up", 1), ("shared_gate", "shared_up", 0)):
+                if inp[gate] is not None:
+                    self.inp[gate], self.inp[up] = torch.cat([inp[gate], inp[up]], dim).chunk(2, dim)
+        if not name.startswith("mok"):
             self.leaves = {k: (v.detach().clone().requires_grad_(True) if v is not None and v.is_floating_point()
                                else v) for k, v in inp.items() if k in ARGS}
             self.fn = grouped_mm_path if name == "grouped_mm" else naive_loop
 
     def fwd(self):
-        if self.name == "mok":
+        if self.name.startswith("mok"):
             return mok.fast.forward(*(self.inp[a] for a in ARGS))[0]
         with torch.no_grad():
             return self.fn(*(self.leaves[a] for a in ARGS))
 
     def fwd_bwd(self):
-        if self.name == "mok":
+        if self.name.startswith("mok"):
             y, ctx = mok.fast.forward(*(self.inp[a] for a in ARGS))
             grads = mok.fast.backward(ctx, self.inp["dy"], weight_grad_dtype=self.wgrad)
             return y, grads[0]
