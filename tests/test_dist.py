@@ -35,6 +35,20 @@ def test_results_in_rank_order(W):
     assert res == [(list(range(W)), "x", 2)] * W
 
 
+def _env(rank, world_size, group, names):
+    return [os.environ.get(n) for n in names]
+
+
+def test_workers_see_the_launchers_environment_at_the_call(monkeypatch):
+    """Workers fork from a server started at the first launch; a variable set or removed since then (e.g.
+    MOK_EP_TIMEOUT_S in a test) must still be what they see."""
+    monkeypatch.setenv("MOK_TEST_REMOVED", "old")
+    launch(_env, (["MOK_TEST_REMOVED"],), 1)  # the fork server exists from here on
+    monkeypatch.setenv("MOK_TEST_SET", "new")
+    monkeypatch.delenv("MOK_TEST_REMOVED")
+    assert launch(_env, (["MOK_TEST_SET", "MOK_TEST_REMOVED"],), 2) == [["new", None]] * 2
+
+
 def _fail_or_wait(rank, world_size, group, how):
     if rank == 1:
         if how == "raise":

@@ -14,6 +14,8 @@ no CUDA context), so each launch is a fresh process that costs well under a seco
   propagates. Workers ignore SIGINT (the launcher stops them) and die with their parent, the fork
   server, which exits when the launching process exits, however it exits.
 - Device index of rank r on a GPU: r % device_count (several ranks may share one GPU: gloo then).
+- Workers run with the launcher's environment as it is at the call (the fork server's dates from its
+  start), as with a plain spawn.
 """
 
 from __future__ import annotations
@@ -123,13 +125,22 @@ def _report_error(rank: int, tmp: str, e: BaseException) -> None:
     _write_atomic(os.path.join(tmp, f"rank{rank}.err"), text.encode(errors="replace"))
 
 
+def _use_environment(env: dict) -> None:
+    """This process's environment becomes `env` (the launcher's at launch time, not the fork server's from
+    when it started: e.g. MOK_EP_TIMEOUT_S set by the caller in between)."""
+    for k in [k for k in os.environ if k not in env]:
+        del os.environ[k]
+    os.environ.update(env)
+
+
 def _worker(rank: int, world_size: int, tmp: str, fn, args: tuple, device: str, threads: int,
-            timeout_s: float) -> None:
+            timeout_s: float, env: dict) -> None:
     """One rank: join the group, run the function, write its result (or its error) to `tmp`.
     On an error the group is not destroyed: the process just ends (the launcher stops the others)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the launcher acts
     _die_with_parent()
     _detach_from_fork_server()
+    _use_environment(env)
     try:
         torch.set_num_threads(threads)
         backend = _setup_device(rank, world_size, device)
@@ -269,7 +280,7 @@ def launch(fn, args: tuple = (), world_size: int = 1, *, device: str = "cpu", th
             tmp = tempfile.mkdtemp(prefix="mok-dist-")
             for rank in range(world_size):
                 p = ctx.Process(target=_worker, args=(rank, world_size, tmp, fn, tuple(args), device, threads,
-                                                      timeout_s), daemon=False)
+                                                      timeout_s, dict(os.environ)), daemon=False)
                 p.start()
                 procs.append(p)
             _wait(procs, tmp)

@@ -30,8 +30,9 @@ def _step(model, x, dy):
     model.zero_grad(set_to_none=True)
     y, rl = model(x, return_router_losses=True)
     ((y.float() * dy).sum() + 0.01 * rl.load_balance + 0.001 * rl.z).backward()
-    return {"y": y.detach(), "lb": rl.load_balance.detach(), "z": rl.z.detach(), "d_x": x.grad,
-            **{"d_" + n.removeprefix("_orig_mod."): p.grad for n, p in model.named_parameters()}}
+    out = {"y": y, "lb": rl.load_balance, "z": rl.z, "d_x": x.grad,
+           **{"d_" + n.removeprefix("_orig_mod."): p.grad for n, p in model.named_parameters()}}
+    return {k: v.detach().clone() for k, v in out.items()}  # later steps may accumulate into .grad
 
 
 def _data(x_dtype=torch.bfloat16):
