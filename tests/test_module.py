@@ -182,6 +182,7 @@ def test_fast_status_refuses_unaligned_sizes():
 def test_auto_does_not_pick_unproven_fast_expert_parallelism(monkeypatch):
     """With W > 1, "auto" stays on the reference (saying why) until FAST_EP_PROVEN; "fast" is taken as asked."""
     monkeypatch.setattr(nn_backend, "fast_status", lambda device, **layer: (True, "usable"))
+    monkeypatch.setattr(nn_backend, "FAST_EP_PROVEN", False)
     cuda = torch.device("cuda")
     picked, why = nn_backend.resolve("auto", cuda, world_size=2)
     assert picked == "reference" and "not yet proven" in why and "backend='fast'" in why

@@ -15,7 +15,7 @@ CHOICES = ("auto", "reference", "fast")
 # device machine. Until then "auto" does not pick it for W > 1, `mok verify --device cuda` does not run
 # it and `mok diff-grads --device cuda` runs the reference unless asked (--impl fast); backend="fast" and
 # mok.fast.forward(group=...) use it as asked. See docs/expert_parallel.md, "Status".
-FAST_EP_PROVEN = False
+FAST_EP_PROVEN = True
 log = logging.getLogger("mok")
 _announced: set = set()
 
