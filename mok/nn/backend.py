@@ -12,9 +12,9 @@ import torch
 
 CHOICES = ("auto", "reference", "fast")
 # Whether the fast path's expert parallelism has passed its GPU tests (tests/gpu/test_fast_ep.py) on the
-# device machine. Until then "auto" does not pick it for W > 1, `mok verify --device cuda` does not run
-# it and `mok diff-grads --device cuda` runs the reference unless asked (--impl fast); backend="fast" and
-# mok.fast.forward(group=...) use it as asked. See docs/expert_parallel.md, "Status".
+# device machine (it has: docs/expert_parallel.md, "Status"). False makes "auto" keep the reference for
+# W > 1, `mok verify --device cuda` skip its checks and `mok diff-grads --device cuda` default to the
+# reference; backend="fast" and mok.fast.forward(group=...) always use it as asked.
 FAST_EP_PROVEN = True
 log = logging.getLogger("mok")
 _announced: set = set()
