@@ -14,7 +14,7 @@ import torch
 from ..reference import Dims
 from . import _lib
 from ._checks import stacked_gate_up
-from ._forward import FastContext, Schedule, _empty
+from ._forward import FastContext, _empty
 from ._lib import Operand, Segment
 
 _SIDE: dict[int, torch.cuda.Stream] = {}
