@@ -25,7 +25,6 @@ import datetime
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
