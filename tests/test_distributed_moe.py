@@ -166,6 +166,10 @@ def _worker(rank, W, tmp, scenarios):
             dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Results are on disk. End here, without interpreter teardown: the DeviceMesh sub-groups torch keeps
+    # cached still own gloo threads, and destroying them at static destruction intermittently aborts the
+    # process ("terminate called without an active exception", SIGABRT) after the work has succeeded.
+    os._exit(0)
 
 
 def _launch(W, tmp, scenarios):
