@@ -31,12 +31,8 @@ def _stack_gate_up(local: dict) -> None:
             local[gate], local[up] = torch.cat([local[gate], local[up]], dim).chunk(2, dim)
 
 
-def _no_concatenation(gate_up_weights):
-    def checked(*args):
-        w_gu, w_gu_s, concat = gate_up_weights(*args)
-        assert concat is None, "gate and up were concatenated although they are halves of one tensor"
-        return w_gu, w_gu_s, concat
-    return checked
+def _no_concatenation(*args):
+    raise AssertionError("gate and up were concatenated although they are halves of one tensor")
 
 
 def _run(rank, world_size, group, inputs, W, via_op, stacked=False):
@@ -55,7 +51,9 @@ def _run(rank, world_size, group, inputs, W, via_op, stacked=False):
     local = shard_inputs(inputs, rank, W)
     if stacked:
         _stack_gate_up(local)
-        _ep.gate_up_weights = _no_concatenation(_ep.gate_up_weights)
+        from mok.fast import _backward
+
+        _backward._concat = _no_concatenation
     args = [local[a] for a in LAYER_ARGS]
     if via_op:
         from mok.nn import ops

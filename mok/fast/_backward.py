@@ -9,6 +9,8 @@ poison of every output if the routing flag is set.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..reference import Dims
@@ -29,25 +31,31 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE[idx]
 
 
-def gate_up_weights(rg, ru, sg, su):
-    """(w_gu [E, 2I, H], w_gu_s [2S, H] or None, concat): the [gate; up] weights of the d_x GEMM's one
-    accumulation over 2I. Views when gate and up already are halves of one tensor (`stacked_gate_up`:
-    mok.nn.ops casts float32 weights so, transformers stores `gate_up_proj` so); else new buffers, and
-    `concat()` fills them (call it on the stream that must carry the copies)."""
-    w_gu, w_gu_s = stacked_gate_up(rg, ru), stacked_gate_up(sg, su)
-    todo = []
-    if w_gu is None:
-        w_gu = torch.empty((rg.shape[0], 2 * rg.shape[1], rg.shape[2]), dtype=rg.dtype, device=rg.device)
-        todo.append((rg, ru, w_gu, 1))
-    if sg is not None and w_gu_s is None:
-        w_gu_s = torch.empty((2 * sg.shape[0], sg.shape[1]), dtype=sg.dtype, device=sg.device)
-        todo.append((sg, su, w_gu_s, 0))
+def _concat(gate, up, dim: int, out) -> None:
+    torch.cat([gate, up], dim=dim, out=out)
 
-    def concat() -> None:
-        for gate, up, out, dim in todo:
-            torch.cat([gate, up], dim=dim, out=out)
 
-    return w_gu, w_gu_s, (concat if todo else None)
+def gate_up_weights(rg, ru, sg, su, side: torch.cuda.Stream | None = None):
+    """(w_gu [E, 2I, H], w_gu_s [2S, H] or None): the [gate; up] weights of the d_x GEMM's one accumulation
+    over 2I. Views when gate and up already are halves of one tensor (`stacked_gate_up`: mok.nn.ops casts
+    float32 weights so, transformers stores `gate_up_proj` so); else concatenated into new buffers (allocated
+    on the current stream), on `side` after the current stream's work so far when given."""
+    out, todo = [], []
+    for gate, up, dim in ((rg, ru, 1), (sg, su, 0)):
+        w = None if gate is None else stacked_gate_up(gate, up)
+        if gate is not None and w is None:
+            shape = list(gate.shape)
+            shape[dim] *= 2
+            w = torch.empty(shape, dtype=gate.dtype, device=gate.device)
+            todo.append((gate, up, dim, w))
+        out.append(w)
+    if todo:
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(rg.device))
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            for args in todo:
+                _concat(*args)
+    return out[0], out[1]
 
 
 def d_act(ctx: FastContext, dy, go_RH, rd, sd):
@@ -157,11 +165,7 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32):
     # Buffers used on both streams are allocated on the main one; every side-stream use is ordered
     # before the main stream's later work (main.wait_stream(side)), so none is reused too early.
     main, side = torch.cuda.current_stream(dev), _side_stream(dev)
-    w_gu, w_gu_s, concat = gate_up_weights(rg, ru, sg, su)
-    if concat is not None:
-        side.wait_stream(main)
-        with torch.cuda.stream(side):  # the concatenation overlaps the pre-combine, d_a and SwiGLU backward
-            concat()
+    w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side)  # a concatenation overlaps pre-combine, d_a, SwiGLU bwd
 
     d_w = _empty(dev, torch.float32, d.T, d.K)
     go_RH = _empty(dev, torch.bfloat16, R, d.H)

@@ -32,11 +32,9 @@ def stacked_gate_up(gate: torch.Tensor | None, up: torch.Tensor | None) -> torch
     *lead, n, H = gate.shape
     stacked = (*lead, 2 * n, H)
     strides = (2 * n * H, H, 1)[-gate.dim():]
-    if gate.stride() != strides and not (gate.dim() == 3 and lead[0] == 1 and gate.stride()[1:] == (H, 1)):
+    if gate.stride() != strides or up.stride() != strides or up.storage_offset() != gate.storage_offset() + n * H:
         return None
-    if up.stride() != gate.stride() or up.untyped_storage().data_ptr() != gate.untyped_storage().data_ptr():
-        return None
-    if up.storage_offset() != gate.storage_offset() + n * H:
+    if up.untyped_storage().data_ptr() != gate.untyped_storage().data_ptr():
         return None
     return gate.as_strided(stacked, strides, gate.storage_offset())
 

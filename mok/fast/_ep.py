@@ -146,9 +146,7 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32):
     go_RH = _empty(dev, torch.bfloat16, R, H)
     _lib.ep_gather_rows(buf.tables["go"], T * K, 1, sched.row_pair, sched.offsets, L, go_RH)
     rows_all = _shared_rows_all(buf, S, W, T, H, dev) if S else None  # read before phase 3 lets ranks move on
-    w_gu, w_gu_s, concat = gate_up_weights(rg, ru, sg, su)
-    if concat is not None:
-        concat()
+    w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su)
     da, _ = d_act(lctx, None, go_RH, rd, sd)
     dgu, _ = swiglu_backward(lctx, da, None)
     dx_RH, dxs = d_input_rows(lctx, dgu, dgu_s, w_gu, w_gu_s)

@@ -76,24 +76,18 @@ def test_weights_are_cast_once_per_step(dtype, x_dtype, n_casts):
 
 @pytest.mark.parametrize("dtype, concatenations", [
     (torch.float32, 0),   # fp32 master weights: gate/up rounded into one tensor, backward reads it as is
-    (torch.bfloat16, 1),  # separate bf16 parameters: backward concatenates them once (on a side stream)
+    (torch.bfloat16, 2),  # separate bf16 parameters: backward concatenates routed and shared gate/up once each
 ])
 def test_backward_concatenates_gate_and_up_only_for_separate_bf16_parameters(monkeypatch, dtype, concatenations):
     from mok.fast import _backward
 
     model = _model(dtype)
     x, dy = _data()
-    seen = []
-    real = _backward.gate_up_weights
-
-    def spy(*a):
-        out = real(*a)
-        seen.append(out[2] is not None)
-        return out
-
-    monkeypatch.setattr(_backward, "gate_up_weights", spy)
+    calls = []
+    real = _backward._concat
+    monkeypatch.setattr(_backward, "_concat", lambda *a: (calls.append(1), real(*a)))
     _step(model, x, dy)
-    assert seen == [bool(concatenations)]
+    assert len(calls) == concatenations
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # bf16 params / fp32 master weights
