@@ -3,7 +3,7 @@
 # example, kernel profile; logs go under $OUT. Run from the repo root. A carried prebuilt library
 # (.build/libmok_fast.so, built here with `python -m mok.fast._build .build/libmok_fast.so`) is used
 # when present; the `build` step checks the normal first-use build (cpp_extension) instead.
-# Usage: bash benchmarks/device_run.sh [tests] [ep] [bench_ep] [verify] [module] [bench] [suite] [msuite] [train] [hf] [pmodule] [profile] [build]
+# Usage: bash benchmarks/device_run.sh [tests] [ep] [bench_ep] [verify] [module] [bench] [suite] [msuite] [train] [hf] [pmodule] [profile] [build] [variants] [cast]
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -27,6 +27,13 @@ for step in "$@"; do
         done 2>&1 | tee "$OUT/hf.log";;
     train) timeout 240 python examples/train_tiny_moe.py --device cuda --prove --out /tmp/train 2>&1 | tail -12 | tee "$OUT/train.log"; cp /tmp/train/loss_curve.png "$OUT/train_loss_curve.png";;
     pmodule) timeout 120 python benchmarks/profile_module.py ${PROFILE_CONFIG:-qwen3-30b-a3b} 2>&1 | grep -v -i warn > "$OUT/profile_module.log"; head -8 "$OUT/profile_module.log"; grep "GPU busy" "$OUT/profile_module.log";;
+    variants) for V in ${VARIANTS:-0 1 2}; do MOK_FAST_GEMM_VARIANT=$V timeout 120 python benchmarks/variant_bits.py --save /tmp/v$V.pt; done
+              python benchmarks/variant_bits.py --compare $(for V in ${VARIANTS:-0 1 2}; do echo /tmp/v$V.pt; done) 2>&1 | tee "$OUT/variant_bits.log"
+              for V in ${VARIANTS:-0 1 2}; do echo "== MOK_FAST_GEMM_VARIANT=$V"
+                MOK_FAST_GEMM_VARIANT=$V timeout 150 python benchmarks/bench_moe.py --methods mok_gu${V_PEERS:-} --routings random 2>&1 | grep -E "^  |peak \(|CHECK"
+                MOK_FAST_GEMM_VARIANT=$V timeout 100 python benchmarks/bench_moe.py --suite --configs ${V_SUITE:-mixtral-8x7b} --methods mok_gu${V_PEERS:-} 2>&1 | grep -E "^  |CHECK"
+              done 2>&1 | tee "$OUT/variants_bench.log";;
+    cast) timeout 60 python benchmarks/bench_gate_up_cast.py 2>&1 | tee "$OUT/gate_up_cast.log";;
     profile) timeout 90 python benchmarks/profile_fast.py 2>&1 | grep -v -i warn > "$OUT/profile.log";;
     build) if ! python -c "import cutlass_library" 2>/dev/null; then
              python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site

@@ -1,5 +1,7 @@
 """Per-kernel time of one mok.fast forward+backward (torch.profiler, CUDA activity), per config of
-configs.json: what the GEMMs and the separate memory-bound kernels cost.
+configs.json (or of suite.json: names from either): what the GEMMs and the separate memory-bound kernels
+cost. Gate and up are passed as the halves of one [gate; up] tensor (what mok.MoE with float32 weights and
+transformers' gate_up_proj give the layer). Each GEMM line also shows its TFLOP/s.
 Usage: python benchmarks/profile_fast.py [config,...]"""
 import sys
 from pathlib import Path
@@ -10,14 +12,16 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mok.fast  # noqa: E402
-from bench_moe import ARGS, CONFIGS, load_configs, make_bench_inputs  # noqa: E402
+from bench_moe import ARGS, CONFIGS, SUITE, load_configs, make_bench_inputs  # noqa: E402
 
 
 def short(name: str) -> str:
+    if "fill_group_args" in name:
+        return "fill_group_args"
     if "GemmUniversal" in name or "cutlass" in name:
         return "cutlass grouped GEMM " + ("pingpong" if "Pingpong" in name else "cooperative") + \
             (" f32-out" if "LinearCombinationIffvf" in name else " bf16-out")
-    return name.split("(")[0].replace("void ", "").replace("(anonymous namespace)::", "")[:60]
+    return name.replace("(anonymous namespace)::", "").replace("void ", "").split("(")[0].split("<")[0][:60]
 
 
 def step(inp):
@@ -27,10 +31,14 @@ def step(inp):
 
 def main():
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else None
-    for c in load_configs(CONFIGS):
+    configs = load_configs(CONFIGS) + [c for c in load_configs(SUITE) if names and c["name"] in names]
+    for c in configs:
         if names and c["name"] not in names:
             continue
         inp = make_bench_inputs(c, "random")
+        inp["routed_gate"], inp["routed_up"] = torch.cat([inp["routed_gate"], inp["routed_up"]], 1).chunk(2, 1)
+        if inp["shared_gate"] is not None:
+            inp["shared_gate"], inp["shared_up"] = torch.cat([inp["shared_gate"], inp["shared_up"]], 0).chunk(2, 0)
         for _ in range(3):
             step(inp)
         torch.cuda.synchronize()
@@ -45,8 +53,16 @@ def main():
         last = evs[-per:]
         s = sum(e.device_time_total for e in last) / 1e3
         print(f"\n{c['name']}: kernel time of one fwd+bwd {s:.2f} ms, in launch order:")
+        R, T, H, I, S = c["T"] * c["K"], c["T"], c["H"], c["I"], c["S"]
+        one, two = 2 * H * (R * I + T * S), 2 * H * (R * 2 * I + T * 2 * S)
+        flops = iter([("gate/up", two), ("down", one), ("d_a", one), ("d_x", two), ("wgrad down", one),
+                      ("wgrad gate/up", two)])  # the GEMM launches in order (run_forward, run_backward)
         for e in last:
-            print(f"  {e.device_time_total / 1e3:8.3f} ms  {short(e.name)}")
+            ms, name = e.device_time_total / 1e3, short(e.name)
+            if name.startswith("cutlass"):
+                label, f = next(flops, ("?", 0))
+                name += f"  [{label}: {f / ms / 1e9:.0f} TFLOP/s]"
+            print(f"  {ms:8.3f} ms  {name}")
         del inp
         torch.cuda.empty_cache()
 

@@ -70,7 +70,8 @@ def _operand(op, e: int, row_off: int, rows: int, cols: int) -> torch.Tensor:
     return flat.as_strided((rows, cols), (op.ld, 1), flat.storage_offset() + start)
 
 
-def grouped_gemm(kind, segments, device):
+def grouped_gemm(kind, segments, device, variant=0):
+    assert 0 <= variant < _lib.NUM_GEMM_VARIANTS  # every variant gives the same bits: one emulation
     for s in segments:
         for e in range(s.num_groups):
             if s.offsets is not None:

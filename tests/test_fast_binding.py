@@ -120,7 +120,7 @@ def test_parser_sees_the_header():
     assert {"mok_grouped_gemm", "mok_schedule", "mok_combine_fwd", "mok_last_error"} <= set(funcs)
     assert len(funcs) >= 15
     assert [f for f, _ in structs["MokSegment"]][:6] == ["num_groups", "rows_dim", "fixed_rows", "m", "n", "k"]
-    assert header_functions()["mok_grouped_gemm"][1][1] == "const MokSegment*"
+    assert header_functions()["mok_grouped_gemm"][1][2] == "const MokSegment*"
 
 
 @pytest.mark.parametrize("c_type, expected", [
@@ -182,6 +182,7 @@ def test_limits_match_the_defines():
     d = header_defines()
     assert d["MOK_MAX_SEGMENTS"] == _lib.MAX_SEGMENTS
     assert d["MOK_ROUTER_MAX_E"] == _lib.ROUTER_MAX_E
+    assert d["MOK_GEMM_NUM_VARIANTS"] == _lib.NUM_GEMM_VARIANTS
 
 
 @pytest.mark.parametrize("name", sorted(header_functions()))  # each declared function needs a definition

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..reference import Dims
-from . import _ep_buffer, _lib
+from . import _ep_buffer, _lib, _tiles
 from ._backward import (d_act, d_input_rows, gate_up_weights, shared_wgrad_segments, swiglu_backward, weight_grads,
                         wgrad_kind)
 from ._forward import FastContext, Schedule, _empty, down, gate_up, swiglu
@@ -109,7 +109,7 @@ def shared_weight_grads(buf, d: Dims, rows_all: dict, dtype):
         sg, su, sd = _empty(dev, dtype, S, H), _empty(dev, dtype, S, H), _empty(dev, dtype, H, S)
     down, gate_up = shared_wgrad_segments(W * T, H, S, rows_all["dy"], rows_all["a_s"], rows_all["dg_s"],
                                           rows_all["x_b"], sg, su, sd, s0=buf.rank * n)
-    _lib.grouped_gemm(wgrad_kind(dtype), [down, *gate_up], dev)
+    _lib.grouped_gemm(wgrad_kind(dtype), [down, *gate_up], dev, _tiles.variant(wgrad_kind(dtype), H, d.I))
     if not n:
         return sg, su, sd
     _sync_phase(buf, BWD_SHARED, buf.epoch_bwd)

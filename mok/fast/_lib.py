@@ -21,6 +21,7 @@ GEMM_KINDS = {"MOK_GEMM_TN_F32": GEMM_TN_F32, "MOK_GEMM_TN_BF16": GEMM_TN_BF16, 
               "MOK_GEMM_NN_BF16": GEMM_NN_BF16, "MOK_GEMM_TT_F32": GEMM_TT_F32, "MOK_GEMM_TT_BF16": GEMM_TT_BF16}
 MAX_SEGMENTS = 4
 ROUTER_MAX_E = 8192
+NUM_GEMM_VARIANTS = 4  # tile variants of every kind (csrc/grouped_gemm.cuh; chosen in _tiles.py)
 
 _i32, _i64, _sz, _vp = ctypes.c_int, ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p
 
@@ -37,8 +38,8 @@ class MokSegment(ctypes.Structure):
 # name: (restype, argtypes); pointers and cudaStream_t are c_void_p.
 SIGNATURES = {
     "mok_last_error": (ctypes.c_char_p, []),
-    "mok_gemm_workspace_bytes": (_sz, [_i32, _i32, _i32]),
-    "mok_grouped_gemm": (_i32, [_i32, ctypes.POINTER(MokSegment), _i32, _vp, _sz, _i32, _vp]),
+    "mok_gemm_workspace_bytes": (_sz, [_i32, _i32, _i32, _i32]),
+    "mok_grouped_gemm": (_i32, [_i32, _i32, ctypes.POINTER(MokSegment), _i32, _vp, _sz, _i32, _vp]),
     "mok_schedule_scratch_ints": (_sz, [_i32, _i32, _i32]),
     "mok_schedule": (_i32, [_vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp]),
     "mok_gather_rows": (_i32, [_vp, _vp, _vp, _i32, _i32, _i32, _i32, _vp, _vp]),
@@ -49,6 +50,7 @@ SIGNATURES = {
     "mok_combine_bwd_dx": (_i32, [_vp, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _vp]),
     "mok_zero_empty": (_i32, [_vp, _vp, _i32, _i64, _vp, _vp]),
     "mok_poison": (_i32, [_vp, _i64, _i32, _vp, _vp]),
+    "mok_cast_pair_bf16": (_i32, [_vp, _vp, _i64, _i64, _vp, _vp]),
     "mok_router_topk": (_i32, [_vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp]),
     "mok_router_bwd": (_i32, [_vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp]),
     "mok_balance_scratch_bytes": (_sz, [_i32, _i32]),
@@ -168,14 +170,17 @@ class Segment:
 
 
 @functools.lru_cache(maxsize=None)
-def _workspace_bytes(kind: int, groups: int, device_index: int) -> int:
-    return int(lib().mok_gemm_workspace_bytes(kind, groups, device_index))
+def _workspace_bytes(kind: int, variant: int, groups: int, device_index: int) -> int:
+    return int(lib().mok_gemm_workspace_bytes(kind, variant, groups, device_index))
 
 
-def grouped_gemm(kind: int, segments: list[Segment], device: torch.device) -> None:
-    """One grouped GEMM launch over `segments` (at most MAX_SEGMENTS) on `device`'s current stream."""
+def grouped_gemm(kind: int, segments: list[Segment], device: torch.device, variant: int = 0) -> None:
+    """One grouped GEMM launch over `segments` (at most MAX_SEGMENTS) on `device`'s current stream, with
+    tile variant `variant` in [0, NUM_GEMM_VARIANTS) (the same bits for every variant; see _tiles.py)."""
     if not 1 <= len(segments) <= MAX_SEGMENTS:
         raise ValueError(f"segments: expected 1 to {MAX_SEGMENTS}, got {len(segments)}")
+    if not (isinstance(variant, int) and 0 <= variant < NUM_GEMM_VARIANTS):
+        raise ValueError(f"variant: expected an int in [0, {NUM_GEMM_VARIANTS}), got {variant!r}")
     for s in segments:
         for which in ("a", "b", "d"):
             t = getattr(s, which).tensor
@@ -183,9 +188,9 @@ def grouped_gemm(kind: int, segments: list[Segment], device: torch.device) -> No
                 raise ValueError(f"segments: operand {which} must be a contiguous tensor on {device}")
     index = device.index if device.index is not None else torch.cuda.current_device()
     groups = sum(s.num_groups for s in segments)
-    ws = torch.empty(_workspace_bytes(kind, groups, index), dtype=torch.uint8, device=device)
+    ws = torch.empty(_workspace_bytes(kind, variant, groups, index), dtype=torch.uint8, device=device)
     arr = (MokSegment * len(segments))(*[s.c() for s in segments])
-    _call("mok_grouped_gemm", device, kind, arr, len(segments), _p(ws), ws.numel(), index)
+    _call("mok_grouped_gemm", device, kind, variant, arr, len(segments), _p(ws), ws.numel(), index)
 
 
 # ---------------------------------------------------------------- schedule and per-row kernels
@@ -306,6 +311,23 @@ def poison(t, flag) -> None:
     _check_tensor("t", t, t.dtype, dev)
     _check_tensor("flag", flag, _I32, dev, shape=(1,))
     _call("mok_poison", dev, _p(t), t.numel(), 1 if t.dtype == _BF16 else 0, _p(flag))
+
+
+def cast_pair_bf16(first, second, out) -> None:
+    """out = [bf16(first); bf16(second)] stacked along dim -2: first, second fp32 [..., n, H] (the same
+    shape, contiguous), out bf16 [..., 2n, H] contiguous. Bitwise what `out.narrow(-2, 0, n).copy_(first)`
+    (and the same for second) gives, with vector loads and stores."""
+    dev = out.device
+    _check_tensor("first", first, _F32, dev)
+    _check_tensor("second", second, _F32, dev, shape=tuple(first.shape))
+    if first.dim() < 2:
+        raise ValueError(f"first: expected at least 2 dims [..., n, H], got shape {tuple(first.shape)}")
+    *lead, n, H = first.shape
+    _check_tensor("out", out, _BF16, dev, shape=(*lead, 2 * n, H))
+    blocks = 1
+    for s in lead:
+        blocks *= s
+    _call("mok_cast_pair_bf16", dev, _p(first), _p(second), blocks, n * H, _p(out))
 
 
 # ---------------------------------------------------------------- router

@@ -86,13 +86,19 @@ def _parts(cast: Tensor, n: int) -> list[Tensor]:
     return [cast] if n == 1 else list(cast.chunk(2, dim=-2))
 
 
-def _casts(tensors: list, plan) -> list[Tensor]:
-    """The bf16 roundings of `plan`'s groups (a pair's written into one tensor, gate rows first)."""
+def _casts(tensors: list, plan, cast_pair=None) -> list[Tensor]:
+    """The bf16 roundings of `plan`'s groups (a pair's written into one tensor, gate rows first).
+    cast_pair(first, second, out): the backend's kernel for a contiguous CUDA pair (PyTorch's copy into
+    the strided halves runs without vector stores: benchmarks/bench_gate_up_cast.py), the same bits."""
     out = []
     for group in plan:
         cast = torch.empty(_cast_shape(tensors, group), dtype=torch.bfloat16, device=tensors[group[0]].device)
-        for i, part in zip(group, _parts(cast, len(group))):
-            part.copy_(tensors[i])
+        parts = [tensors[i] for i in group]
+        if len(group) == 2 and cast_pair is not None and cast.is_cuda and all(t.is_contiguous() for t in parts):
+            cast_pair(*parts, cast)
+        else:
+            for t, part in zip(parts, _parts(cast, len(group))):
+                part.copy_(t)
         out.append(cast)
     return out
 
@@ -226,9 +232,9 @@ def moe_fwd(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optio
     """[y, *bf16 copies of the float32 ones among x and the 6 weights, *the backend's saved context]."""
     tensors = [x, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
     plan = _layer_plan(tensors)
-    casts = _casts(tensors, plan)
-    x16, *w16 = _with_casts(tensors, plan, casts)
     impl = _impl(backend)
+    casts = _casts(tensors, plan, getattr(impl, "cast_pair_bf16", None))
+    x16, *w16 = _with_casts(tensors, plan, casts)
     y, ctx = impl.forward(x16, topk_idx, topk_weight, *w16, group=_group(group_name))
     return [y, *casts, *(impl.save_context(ctx) if _saves(recompute) else [])]
 

@@ -307,3 +307,55 @@ def test_swiglu_bwd_close_to_float64(I, n_rows, capacity, use_offsets):
     # the bound is not vacuous: swapping the halves, or dropping silu', breaks it
     assert not bool(((dgu[:, I:] - want_dg).abs() <= BF16 * want_dg.abs() + slack).all())
     assert not bool(((dgu[:, :I] - d * up).abs() <= BF16 * (d * up).abs() + slack).all())
+
+
+# ---------------------------------------------------------------- cast_pair_bf16
+
+
+def _special_fp32(n: int, seed: int) -> torch.Tensor:
+    """n fp32 values: random normals of every scale, and NaN, ±inf, ±0, subnormals, bf16 rounding ties
+    (both parities), the largest finite values (which round to inf) and values just off a tie."""
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, generator=g) * torch.exp2(torch.randint(-130, 128, (n,), generator=g).float())
+    specials = torch.tensor([NAN, float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -1e-45, 3.4e38, -3.4e38])
+    ties = torch.tensor([0x3F808000, 0x3F818000, 0x3F808001, 0x3F817FFF, 0xFF7FFFFF - 2**32, 0x7F7F8000],
+                        dtype=torch.int64).to(torch.int32).view(torch.float32)
+    fixed = torch.cat([specials, ties])
+    v[:fixed.numel()] = fixed[:n]
+    return v
+
+
+@pytest.mark.parametrize("lead, n, H, misalign", [
+    ((3,), 5, 16, False),  # routed [L, I, H]: vector path
+    ((), 7, 8, False),     # shared [S, H] (2-D): vector path
+    ((2, 2), 3, 24, False),  # more leading dims
+    ((3,), 5, 5, False),   # n * H not a multiple of 8: scalar path
+    ((3,), 4, 8, True),    # inputs 4 bytes off 16-byte alignment: scalar path
+    ((1,), 1, 8, False),   # one 8-wide vector per half
+])
+def test_cast_pair_bf16_matches_torch_bits(lead, n, H, misalign):
+    numel = n * H
+    for b in lead:
+        numel *= b
+    off = 1 if misalign else 0
+    first = _special_fp32(numel + off, 1).cuda()[off:].view(*lead, n, H)
+    second = _special_fp32(numel + off, 2).cuda()[off:].view(*lead, n, H)
+    out = torch.full((*lead, 2 * n, H), SENTINEL, dtype=torch.bfloat16, device="cuda")
+    _lib.cast_pair_bf16(first, second, out)
+    want = torch.cat([first.to(torch.bfloat16), second.to(torch.bfloat16)], dim=-2)  # PyTorch's CUDA cast
+    assert_bitwise_equal(out, want, "cast_pair_bf16")
+
+
+@pytest.mark.parametrize("arg, make, err, match", [
+    ("first", lambda f, s, o: (f.double(), s, o), TypeError, "first: expected dtype torch.float32"),
+    ("second", lambda f, s, o: (f, s[:1], o), ValueError, "second: expected shape"),
+    ("out", lambda f, s, o: (f, s, o.view(2, 4, 16)), ValueError, "out: expected shape"),
+    ("out", lambda f, s, o: (f, s, o.float()), TypeError, "out: expected dtype torch.bfloat16"),
+    ("first", lambda f, s, o: (f.transpose(1, 2), s, o), ValueError, "first: expected a contiguous tensor"),
+])
+def test_cast_pair_bf16_bad_input_names_the_argument(arg, make, err, match):
+    f = torch.zeros(2, 4, 8, device="cuda")
+    s = torch.zeros(2, 4, 8, device="cuda")
+    o = torch.zeros(2, 8, 8, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(err, match=match):
+        _lib.cast_pair_bf16(*make(f, s, o))

@@ -90,6 +90,22 @@ def test_backward_concatenates_gate_and_up_only_for_separate_bf16_parameters(mon
     assert len(calls) == concatenations
 
 
+def test_fp32_gate_up_pairs_are_rounded_by_the_pair_kernel_with_torchs_bits(monkeypatch):
+    """fp32 master weights: each gate/up pair (routed, shared) goes through mok.fast.cast_pair_bf16, and
+    the step's outputs and gradients are bitwise those of PyTorch's own copy into the halves."""
+    model = _model(torch.float32)
+    x, dy = _data()
+    calls = []
+    real = mok.fast.cast_pair_bf16
+    monkeypatch.setattr(mok.fast, "cast_pair_bf16", lambda *a: (calls.append(a[0].shape), real(*a)))
+    with_kernel = _step(model, x, dy)
+    assert sorted(len(s) for s in calls) == [2, 3]  # the shared [S, H] pair and the routed [L, I, H] pair
+    monkeypatch.delattr(mok.fast, "cast_pair_bf16")  # ops falls back to copy_ into the two halves
+    with_copy = _step(model, x, dy)
+    for name, t in with_kernel.items():
+        assert_bitwise_equal(t, with_copy[name], name)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # bf16 params / fp32 master weights
 def test_module_reruns_are_bitwise_identical(dtype):
     model = _model(dtype)

@@ -1,6 +1,7 @@
 // Memory-bound kernels of the fast path: row gather, SwiGLU forward/backward, the forward
 // combine, the backward pre-combine (d_topk_weight and go), the d_x combine, and the helpers that
-// zero weight gradients of empty experts or poison outputs when the routing flag is set.
+// zero weight gradients of empty experts or poison outputs when the routing flag is set, and the
+// rounding of a float32 gate/up pair into one stacked bf16 tensor.
 // Every reduction has a fixed order (docs/layer.md); the combines' products and sums are separate
 // fp32 roundings (__fmul_rn / __fadd_rn). SwiGLU uses expf and lets nvcc contract FMAs: it is
 // deterministic and within the 2x rule, not the reference's bits. bf16 values are raw 16-bit words.
@@ -232,6 +233,35 @@ __global__ void poison_k(void* p, int64_t n, int is_bf16, const int* flag) {
   }
 }
 
+// out[b] = [bf16(first[b]) | bf16(second[b])] for b < blocks, each part n elements (n % 8 == 0):
+// float32 gate/up weights rounded into one stacked [L, 2I, H] tensor with 16-byte stores (the
+// rounding is __float2bfloat16_rn, the conversion PyTorch's CUDA cast uses: the same bits).
+__global__ void cast_pair_bf16_k(const float4* first, const float4* second, int64_t blocks, int64_t n8,
+                                 uint4* out) {
+  const int64_t total = 2 * blocks * n8;
+  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < total; v += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t b = v / (2 * n8), rem = v % (2 * n8), half = rem / n8, i = rem % n8;
+    const float4* src = (half ? second : first) + 2 * (b * n8 + i);
+    const float4 lo = src[0], hi = src[1];
+    Vec8 o;
+    o.h[0] = __float2bfloat16_rn(lo.x); o.h[1] = __float2bfloat16_rn(lo.y);
+    o.h[2] = __float2bfloat16_rn(lo.z); o.h[3] = __float2bfloat16_rn(lo.w);
+    o.h[4] = __float2bfloat16_rn(hi.x); o.h[5] = __float2bfloat16_rn(hi.y);
+    o.h[6] = __float2bfloat16_rn(hi.z); o.h[7] = __float2bfloat16_rn(hi.w);
+    out[v] = o.u;
+  }
+}
+
+// The same one element at a time, for n not a multiple of 8 or pointers not 16-byte aligned.
+__global__ void cast_pair_bf16_scalar_k(const float* first, const float* second, int64_t blocks, int64_t n,
+                                        bf16* out) {
+  const int64_t total = 2 * blocks * n;
+  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < total; v += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t b = v / (2 * n), rem = v % (2 * n);
+    out[v] = __float2bfloat16_rn((rem < n ? first : second)[b * n + rem % n]);
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -307,6 +337,22 @@ int mok_poison(void* p, int64_t n, int is_bf16, const int* flag, cudaStream_t st
   if (n == 0) return 0;
   poison_k<<<264, 256, 0, stream>>>(p, n, is_bf16, flag);
   MOK_CHECK_LAUNCH("poison");
+  return 0;
+}
+
+int mok_cast_pair_bf16(const float* first, const float* second, int64_t blocks, int64_t n, void* out,
+                       cudaStream_t stream) {
+  if (blocks == 0 || n == 0) return 0;
+  const bool vec = n % 8 == 0 && ((uintptr_t)first | (uintptr_t)second | (uintptr_t)out) % 16 == 0;
+  const int64_t items = 2 * blocks * (vec ? n / 8 : n), want = (items + 255) / 256;
+  const int grid = (int)(want < 132 * 16 ? want : 132 * 16);
+  if (vec)
+    cast_pair_bf16_k<<<grid, 256, 0, stream>>>(reinterpret_cast<const float4*>(first),
+                                               reinterpret_cast<const float4*>(second), blocks, n / 8,
+                                               static_cast<uint4*>(out));
+  else
+    cast_pair_bf16_scalar_k<<<grid, 256, 0, stream>>>(first, second, blocks, n, static_cast<bf16*>(out));
+  MOK_CHECK_LAUNCH("cast_pair_bf16");
   return 0;
 }
 

@@ -4,10 +4,10 @@
 #include "mok_fast.h"
 
 namespace mok {
-#define MOK_DECLARE_KIND(NAME)                                                              \
-  size_t NAME##_workspace_bytes(int groups, int device);                                    \
-  int NAME##_run(const MokSegment* segs, int n_segs, void* ws, size_t ws_bytes, int device, \
-                 cudaStream_t stream);
+#define MOK_DECLARE_KIND(NAME)                                                                 \
+  size_t NAME##_workspace_bytes(int variant, int groups, int device);                          \
+  int NAME##_run(int variant, const MokSegment* segs, int n_segs, void* ws, size_t ws_bytes,   \
+                 int device, cudaStream_t stream);
 MOK_DECLARE_KIND(gemm_tn_f32)
 MOK_DECLARE_KIND(gemm_tn_bf16)
 MOK_DECLARE_KIND(gemm_nn_f32)
@@ -17,13 +17,27 @@ MOK_DECLARE_KIND(gemm_tt_bf16)
 #undef MOK_DECLARE_KIND
 }  // namespace mok
 
-#define MOK_DEFINE_KIND(NAME, GEMM)                                                         \
-  namespace mok {                                                                           \
-  size_t NAME##_workspace_bytes(int groups, int device) {                                   \
-    return GEMM::workspace_bytes(groups, device);                                           \
-  }                                                                                         \
-  int NAME##_run(const MokSegment* segs, int n_segs, void* ws, size_t ws_bytes, int device, \
-                 cudaStream_t stream) {                                                     \
-    return run_grouped<GEMM>(segs, n_segs, ws, ws_bytes, device, stream);                   \
-  }                                                                                         \
+// NAME's entry points over the tile variants of grouped_gemm.cuh (layouts LA, LB; D type ED); the
+// caller (gemm_dispatch.cu) has checked variant in [0, MOK_GEMM_NUM_VARIANTS).
+#define MOK_DEFINE_KIND(NAME, LA, LB, ED)                                                       \
+  namespace mok {                                                                               \
+  template <int V>                                                                              \
+  using NAME##_v = typename VariantOf<LA, LB, ED, V>::type;                                     \
+  size_t NAME##_workspace_bytes(int variant, int groups, int device) {                          \
+    switch (variant) {                                                                          \
+      case 1: return NAME##_v<1>::workspace_bytes(groups, device);                              \
+      case 2: return NAME##_v<2>::workspace_bytes(groups, device);                              \
+      case 3: return NAME##_v<3>::workspace_bytes(groups, device);                              \
+      default: return NAME##_v<0>::workspace_bytes(groups, device);                             \
+    }                                                                                           \
+  }                                                                                             \
+  int NAME##_run(int variant, const MokSegment* segs, int n_segs, void* ws, size_t ws_bytes,    \
+                 int device, cudaStream_t stream) {                                             \
+    switch (variant) {                                                                          \
+      case 1: return run_grouped<NAME##_v<1>>(segs, n_segs, ws, ws_bytes, device, stream);      \
+      case 2: return run_grouped<NAME##_v<2>>(segs, n_segs, ws, ws_bytes, device, stream);      \
+      case 3: return run_grouped<NAME##_v<3>>(segs, n_segs, ws, ws_bytes, device, stream);      \
+      default: return run_grouped<NAME##_v<0>>(segs, n_segs, ws, ws_bytes, device, stream);    \
+    }                                                                                           \
+  }                                                                                             \
   }

@@ -1,7 +1,5 @@
 // Grouped GEMM: A [M,K] row-major, B [K,N] row-major (N-major), D bf16 [M,N]. Backward d_x.
 #include "gemm_kinds.h"
 #include "grouped_gemm.cuh"
-using GemmNnBf16 = mok::GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor,
-                                    cutlass::bfloat16_t, mok::TileDefault, mok::ClusterDefault,
-                                    mok::KernelCoop, mok::EpiCoop>;
-MOK_DEFINE_KIND(gemm_nn_bf16, GemmNnBf16)
+MOK_DEFINE_KIND(gemm_nn_bf16, cutlass::layout::RowMajor, cutlass::layout::RowMajor,
+                cutlass::bfloat16_t)

@@ -1,6 +1,5 @@
 // Grouped GEMM: A [M,K] row-major, B [K,N] row-major (N-major), D fp32 [M,N]. Backward d_a.
 #include "gemm_kinds.h"
 #include "grouped_gemm.cuh"
-using GemmNnF32 = mok::GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor, float,
-                                   mok::TileDefault, mok::ClusterDefault, mok::KernelCoop, mok::EpiCoop>;
-MOK_DEFINE_KIND(gemm_nn_f32, GemmNnF32)
+MOK_DEFINE_KIND(gemm_nn_f32, cutlass::layout::RowMajor, cutlass::layout::RowMajor,
+                float)

@@ -1,6 +1,5 @@
 // Grouped GEMM: A [M,K] row-major, B [N,K] row-major (K-major), D fp32 [M,N]. Forward gate/up.
 #include "gemm_kinds.h"
 #include "grouped_gemm.cuh"
-using GemmTnF32 = mok::GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, float,
-                                   mok::TileDefault, mok::ClusterDefault, mok::KernelCoop, mok::EpiCoop>;
-MOK_DEFINE_KIND(gemm_tn_f32, GemmTnF32)
+MOK_DEFINE_KIND(gemm_tn_f32, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor,
+                float)

@@ -3,7 +3,5 @@
 // bits as the fp32 result rounded afterwards), so no fp32 gradient is written and read again.
 #include "gemm_kinds.h"
 #include "grouped_gemm.cuh"
-using GemmTtBf16 = mok::GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor,
-                                    cutlass::bfloat16_t, mok::TileDefault, mok::ClusterDefault,
-                                    mok::KernelCoop, mok::EpiCoop>;
-MOK_DEFINE_KIND(gemm_tt_bf16, GemmTtBf16)
+MOK_DEFINE_KIND(gemm_tt_bf16, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor,
+                cutlass::bfloat16_t)

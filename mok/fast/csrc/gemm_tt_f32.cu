@@ -2,6 +2,5 @@
 // Weight gradients: K runs over an expert's rows in canonical order, in one CTA per output tile.
 #include "gemm_kinds.h"
 #include "grouped_gemm.cuh"
-using GemmTtF32 = mok::GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float,
-                                   mok::TileDefault, mok::ClusterDefault, mok::KernelCoop, mok::EpiCoop>;
-MOK_DEFINE_KIND(gemm_tt_f32, GemmTtF32)
+MOK_DEFINE_KIND(gemm_tt_f32, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor,
+                float)

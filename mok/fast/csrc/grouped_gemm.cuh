@@ -19,6 +19,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#include "gemm_kinds.h"
 #include "mok_fast.h"
 #include "mok_status.h"
 
@@ -203,10 +204,37 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
   return 0;
 }
 
-// Default schedule: cooperative (two consumer warpgroups), 128x256x64 tile, no cluster.
-using TileDefault = Shape<_128, _256, _64>;
-using ClusterDefault = Shape<_1, _1, _1>;
+// Tile variants (MOK_GEMM_NUM_VARIANTS), each a fixed instantiation; the caller picks one per layer from
+// model constants (mok/fast/_tiles.py), never from the token count. All give the same bits:
+// every variant walks K in the same order, one CTA per output tile.
+//   0: cooperative (two consumer warpgroups share a 128x256x64 tile), no cluster;
+//   1: the same in 2x1 clusters (the two CTAs of a cluster share B tiles by TMA multicast);
+//   2: ping-pong 128x192x64 (each consumer warpgroup owns a tile, one's epilogue overlaps the other's
+//      mainloop) in 2x1 clusters;
+//   3: the same without clusters.
 using KernelCoop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 using EpiCoop = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+using KernelPingpong = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+using EpiPingpong = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+
+template <class LA, class LB, class ED, int V>
+struct VariantOf;
+template <class LA, class LB, class ED>
+struct VariantOf<LA, LB, ED, 0> {
+  using type = GroupedGemm<LA, LB, ED, Shape<_128, _256, _64>, Shape<_1, _1, _1>, KernelCoop, EpiCoop>;
+};
+template <class LA, class LB, class ED>
+struct VariantOf<LA, LB, ED, 1> {
+  using type = GroupedGemm<LA, LB, ED, Shape<_128, _256, _64>, Shape<_2, _1, _1>, KernelCoop, EpiCoop>;
+};
+template <class LA, class LB, class ED>
+struct VariantOf<LA, LB, ED, 2> {
+  using type = GroupedGemm<LA, LB, ED, Shape<_128, _192, _64>, Shape<_2, _1, _1>, KernelPingpong, EpiPingpong>;
+};
+template <class LA, class LB, class ED>
+struct VariantOf<LA, LB, ED, 3> {
+  using type = GroupedGemm<LA, LB, ED, Shape<_128, _192, _64>, Shape<_1, _1, _1>, KernelPingpong, EpiPingpong>;
+};
+static_assert(MOK_GEMM_NUM_VARIANTS == 4, "gemm_kinds.h: MOK_DEFINE_KIND dispatches variants 0..3");
 
 }  // namespace mok

@@ -11,6 +11,9 @@
 
 #define MOK_MAX_SEGMENTS 4
 #define MOK_ROUTER_MAX_E 8192
+// Tile variants of every grouped-GEMM kind (csrc/grouped_gemm.cuh): 0 cooperative 128x256x64, 1 the same
+// in 2x1 clusters, 2 ping-pong 128x192x64 in 2x1 clusters, 3 ping-pong 128x192x64. Same bits for all.
+#define MOK_GEMM_NUM_VARIANTS 4
 
 // One operand of a grouped GEMM. For group g (expert e = g - expert_base, or the shared expert):
 //   pointer = base + offset + e * expert_stride + row_offset(e) * row_stride   (in elements)
@@ -46,13 +49,14 @@ enum MokGemmKind {
 };
 
 extern "C" {
-// Bytes of device memory the grouped GEMM of this kind needs for `groups` groups: the CUTLASS
-// workspace plus the per-group argument arrays. Host only, no device work.
-size_t mok_gemm_workspace_bytes(int kind, int groups, int device);
+// Bytes of device memory the grouped GEMM of this kind and tile variant needs for `groups` groups: the
+// CUTLASS workspace plus the per-group argument arrays (0 for an unknown kind or variant). Host only.
+size_t mok_gemm_workspace_bytes(int kind, int variant, int groups, int device);
 // Grouped GEMM D_g = A_g B_g (fp32 accumulation, one rounding to D's type), groups described by
-// `segs` (host array of n_segs). workspace: mok_gemm_workspace_bytes bytes of device memory.
+// `segs` (host array of n_segs), with tile variant `variant` in [0, MOK_GEMM_NUM_VARIANTS).
+// workspace: mok_gemm_workspace_bytes bytes of device memory.
 // Returns 0 on success, else a nonzero code (see mok_last_error).
-int mok_grouped_gemm(int kind, const MokSegment* segs, int n_segs, void* workspace,
+int mok_grouped_gemm(int kind, int variant, const MokSegment* segs, int n_segs, void* workspace,
                      size_t workspace_bytes, int device, cudaStream_t stream);
 const char* mok_last_error();
 
@@ -88,6 +92,10 @@ int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_ro
 int mok_zero_empty(void* d, const int* offsets, int L, int64_t per_expert, const int* flag,
                    cudaStream_t stream);
 int mok_poison(void* p, int64_t n, int is_bf16, const int* flag, cudaStream_t stream);
+// out (bf16, [blocks, 2, n]) = first, second (fp32, [blocks, n] each) rounded to bf16: a float32 gate/up
+// pair into one stacked tensor (16-byte vectors when n % 8 == 0 and the pointers are 16-byte aligned).
+int mok_cast_pair_bf16(const float* first, const float* second, int64_t blocks, int64_t n, void* out,
+                       cudaStream_t stream);
 
 // Router (csrc/router.cu), one warp per token, the reference's formulas and orders.
 // logits [T, ld] fp32 (first E columns used); softmax: 1 = softmax scores, 0 = sigmoid;
