@@ -3,7 +3,8 @@ for each shape, fwd+bwd of the fast layer (gate/up as halves of one tensor, bf16
 each choice, the choices interleaved round by round so that clock drift hits them alike; median ms per
 choice. The bits are the same under every choice (tests/gpu/test_fast_tiles.py). CUDA only.
 
-Usage: python benchmarks/bench_tiles.py [--configs a,b] [--choices default,0,2,3] [--rounds 5] [--reps 5]
+Usage: python benchmarks/bench_tiles.py [--configs a,b] [--choices default,0,2,3/3/3/3/2/2] [--rounds 5] [--reps 5]
+(a choice: "default" (the rule), one variant for every GEMM, or six joined by "/" in MokGemmKind order)
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def main() -> None:
                 if ch == "default":
                     os.environ.pop(_tiles.ENV, None)
                 else:
-                    os.environ[_tiles.ENV] = ch
+                    os.environ[_tiles.ENV] = ch.replace("/", ",")
                 times[ch].append(timed(meth.fwd_bwd, 2, a.reps))
         med = {ch: statistics.median(v) for ch, v in times.items()}
         ratio = f"{med['0'] / med['default']:.3f}x" if "0" in med and "default" in med else "-"

@@ -1,7 +1,8 @@
 """Per-kernel time of one mok.fast forward+backward (torch.profiler, CUDA activity), per config of
 configs.json (or of suite.json: names from either): what the GEMMs and the separate memory-bound kernels
 cost. Gate and up are passed as the halves of one [gate; up] tensor (what mok.MoE with float32 weights and
-transformers' gate_up_proj give the layer). Each GEMM line also shows its TFLOP/s.
+transformers' gate_up_proj give the layer). Each GEMM line also shows its TFLOP/s; the header line gives the
+wall time (queued back to back, and one call at a time) and how long the GPU idles inside one step.
 Usage: python benchmarks/profile_fast.py [config,...]"""
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mok.fast  # noqa: E402
-from bench_moe import ARGS, CONFIGS, SUITE, load_configs, make_bench_inputs  # noqa: E402
+from bench_moe import ARGS, CONFIGS, SUITE, load_configs, make_bench_inputs, timed  # noqa: E402
 
 
 def short(name: str) -> str:
@@ -27,6 +28,18 @@ def short(name: str) -> str:
 def step(inp):
     y, ctx = mok.fast.forward(*(inp[a] for a in ARGS))
     return mok.fast.backward(ctx, inp["dy"])
+
+
+def busy_ms(evs) -> float:
+    """Time at least one of `evs` runs (the union of their intervals; side-stream kernels overlap)."""
+    total, end = 0.0, None
+    for e in sorted(evs, key=lambda e: e.time_range.start):
+        a, b = e.time_range.start, e.time_range.end
+        if end is None or a > end:
+            total, end = total + (b - a), b
+        elif b > end:
+            total, end = total + (b - end), b
+    return total / 1e3
 
 
 def main():
@@ -52,7 +65,12 @@ def main():
         per = len(evs) // iters
         last = evs[-per:]
         s = sum(e.device_time_total for e in last) / 1e3
-        print(f"\n{c['name']}: kernel time of one fwd+bwd {s:.2f} ms, in launch order:")
+        span = (max(e.time_range.end for e in last) - min(e.time_range.start for e in last)) / 1e3
+        walls = {mode: timed(lambda inp=inp: step(inp), 3, 10, mode) for mode in ("stream", "sync")}
+        print(f"\n{c['name']}: wall time of one fwd+bwd {walls['stream']:.2f} ms queued back to back, "
+              f"{walls['sync']:.2f} ms one at a time (CUDA events, median of 10); from its first kernel's start "
+              f"to its last one's end {span:.2f} ms, of which the GPU runs a kernel {busy_ms(last):.2f} ms")
+        print(f"{c['name']}: kernel time of one fwd+bwd {s:.2f} ms, in launch order:")
         R, T, H, I, S = c["T"] * c["K"], c["T"], c["H"], c["I"], c["S"]
         one, two = 2 * H * (R * I + T * S), 2 * H * (R * 2 * I + T * 2 * S)
         flops = iter([("gate/up", two), ("down", one), ("d_a", one), ("d_x", two), ("wgrad down", one),

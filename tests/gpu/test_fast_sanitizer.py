@@ -1,5 +1,6 @@
-"""compute-sanitizer memcheck and racecheck over a small forward+backward of mok.fast and its router, and
-over an expert-parallel forward+backward at W = 2 (two processes sharing the GPU, IPC peer buffers)."""
+"""compute-sanitizer memcheck and racecheck over a small forward+backward of mok.fast (under each GEMM tile
+variant) and its router, and over an expert-parallel forward+backward at W = 2 (two processes sharing the
+GPU, IPC peer buffers)."""
 import os
 import shutil
 import subprocess
@@ -11,12 +12,14 @@ import pytest
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
 SCRIPT = """
-import torch, mok.fast
+import os, torch, mok.fast
 from mok.harness.cases import MoEConfig, make_inputs
 from mok.harness.runner import run_layer
-for cfg, routing in [(MoEConfig(T=37, H=64, I=32, E=4, K=2, S=16), "random"),
-                     (MoEConfig(T=20, H=64, I=32, E=6, K=2, S=0), "empty_expert")]:
-    out = run_layer(make_inputs(cfg, seed=1, routing=routing, device="cuda"), impl=mok.fast)
+for variant in ("0", "1", "2", "3", ""):  # every GEMM tile variant forced, then the default choice
+    os.environ["MOK_FAST_GEMM_VARIANT"] = variant
+    for cfg, routing in [(MoEConfig(T=37, H=64, I=32, E=4, K=2, S=16), "random"),
+                         (MoEConfig(T=20, H=64, I=32, E=6, K=2, S=0), "empty_expert")]:
+        out = run_layer(make_inputs(cfg, seed=1, routing=routing, device="cuda"), impl=mok.fast)
 bad = make_inputs(MoEConfig(T=16, H=64, I=32, E=4, K=2, S=16), seed=2, device="cuda")
 bad["topk_idx"][3, 0] = 99
 run_layer(bad, impl=mok.fast)
