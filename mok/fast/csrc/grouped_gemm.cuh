@@ -218,22 +218,14 @@ using KernelPingpong = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
 using EpiPingpong = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 
 template <class LA, class LB, class ED, int V>
-struct VariantOf;
-template <class LA, class LB, class ED>
-struct VariantOf<LA, LB, ED, 0> {
-  using type = GroupedGemm<LA, LB, ED, Shape<_128, _256, _64>, Shape<_1, _1, _1>, KernelCoop, EpiCoop>;
-};
-template <class LA, class LB, class ED>
-struct VariantOf<LA, LB, ED, 1> {
-  using type = GroupedGemm<LA, LB, ED, Shape<_128, _256, _64>, Shape<_2, _1, _1>, KernelCoop, EpiCoop>;
-};
-template <class LA, class LB, class ED>
-struct VariantOf<LA, LB, ED, 2> {
-  using type = GroupedGemm<LA, LB, ED, Shape<_128, _192, _64>, Shape<_2, _1, _1>, KernelPingpong, EpiPingpong>;
-};
-template <class LA, class LB, class ED>
-struct VariantOf<LA, LB, ED, 3> {
-  using type = GroupedGemm<LA, LB, ED, Shape<_128, _192, _64>, Shape<_1, _1, _1>, KernelPingpong, EpiPingpong>;
+struct VariantOf {
+  static_assert(V >= 0 && V < MOK_GEMM_NUM_VARIANTS, "tile variant out of range");
+  static constexpr bool kPingpong = V >= 2;
+  static constexpr int kClusterM = (V == 1 || V == 2) ? 2 : 1;
+  using type = GroupedGemm<LA, LB, ED,
+                           cute::conditional_t<kPingpong, Shape<_128, _192, _64>, Shape<_128, _256, _64>>,
+                           Shape<Int<kClusterM>, _1, _1>, cute::conditional_t<kPingpong, KernelPingpong, KernelCoop>,
+                           cute::conditional_t<kPingpong, EpiPingpong, EpiCoop>>;
 };
 static_assert(MOK_GEMM_NUM_VARIANTS == 4, "gemm_kinds.h: MOK_DEFINE_KIND dispatches variants 0..3");
 
