@@ -8,21 +8,14 @@ Usage: python benchmarks/emulated_error_scan.py [--shapes 40] [--seed 0]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import random
 import sys
 from pathlib import Path
 
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-
-
-class _Stream:
-    def wait_stream(self, other):
-        pass
 
 
 def main() -> int:
@@ -33,16 +26,13 @@ def main() -> int:
     import fast_emulator
 
     import mok.fast as fast
-    from mok.fast import _backward
     from mok.harness.cases import MoEConfig, make_inputs
     from mok.harness.fast_checks import error_table, plain_outputs
     from mok.harness.golden import CASES, load_case
     from mok.harness.runner import run_layer
 
     fast_emulator.install()
-    _backward._side_stream = lambda dev: _Stream()
-    torch.cuda.current_stream = lambda dev=None: _Stream()
-    torch.cuda.stream = lambda s: contextlib.nullcontext()
+    fast_emulator.stub_streams()
 
     rng = random.Random(a.seed)
     cases = []

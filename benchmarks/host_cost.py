@@ -8,7 +8,6 @@ Usage: python benchmarks/host_cost.py [--H 2048 --I 768 --E 128 --K 8 --S 0 --T 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -20,19 +19,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-class _Stream:
-    cuda_stream = 0
-
-    def wait_stream(self, other):
-        pass
-
-
 def stub_gpu() -> list:
     """Stub the C calls and the CUDA stream API in this process; returns the list the calls are logged to."""
     import fast_emulator
 
     import mok.fast as fast
-    from mok.fast import _backward, _checks, _context, _lib
+    from mok.fast import _checks, _context, _lib
 
     calls = []
     _lib._call = lambda name, device, *args: calls.append(name)
@@ -41,10 +33,7 @@ def stub_gpu() -> list:
     _lib._workspace_bytes.cache_clear()
     for mod in (fast, _checks, _context):
         mod.check_inputs = fast_emulator._check_inputs
-    _backward._side_stream = lambda dev: _Stream()
-    torch.cuda.current_stream = lambda dev=None: _Stream()
-    torch.cuda.stream = lambda s: contextlib.nullcontext()
-    torch.cuda.current_device = lambda: 0
+    fast_emulator.stub_streams()
     return calls
 
 

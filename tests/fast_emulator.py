@@ -13,6 +13,7 @@ tables hold the views' addresses in this process, resolved back to the views thr
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import time
 import uuid
@@ -263,3 +264,21 @@ def install() -> None:
     mok.fast.check_inputs = _check_inputs
     _context.check_inputs = _check_inputs
     _checks.check_inputs = _check_inputs
+
+
+class _NoStream:
+    cuda_stream = 0
+
+    def wait_stream(self, other):
+        pass
+
+
+def stub_streams() -> None:
+    """Make the W = 1 path's stream calls (current stream, the side stream, `torch.cuda.stream`) no-ops in this
+    process, so it runs on a machine without CUDA (benchmarks/emulated_error_scan.py, host_cost.py)."""
+    from mok.fast import _backward
+
+    _backward._side_stream = lambda dev: _NoStream()
+    torch.cuda.current_stream = lambda dev=None: _NoStream()
+    torch.cuda.stream = lambda s: contextlib.nullcontext()
+    torch.cuda.current_device = lambda: 0

@@ -72,7 +72,7 @@ def d_act(ctx: FastContext, dy, go_RH, rd, sd):
     if S and dy is not None:
         da_s = _empty(dev, torch.float32, T, S)
         segs.append(Segment.all_rows(T, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(da_s, 0, 0, S)))
-    _lib.grouped_gemm(_lib.GEMM_NN_F32, segs, dev, _tiles.variant(_lib.GEMM_NN_F32, H, I))
+    _tiles.grouped_gemm(_lib.GEMM_NN_F32, segs, dev, H, I)
     return da, da_s
 
 
@@ -106,7 +106,7 @@ def d_input_rows(ctx: FastContext, dgu, dgu_s, w_gu, w_gu_s):
         dxs = _empty(dev, torch.bfloat16, T, H)
         segs.append(Segment.all_rows(T, H, 2 * S, Operand(dgu_s, 0, 0, 2 * S), Operand(w_gu_s, 0, 0, H),
                                      Operand(dxs, 0, 0, H)))
-    _lib.grouped_gemm(_lib.GEMM_NN_BF16, segs, dev, _tiles.variant(_lib.GEMM_NN_BF16, H, I))
+    _tiles.grouped_gemm(_lib.GEMM_NN_BF16, segs, dev, H, I)
     return dx_RH, dxs
 
 
@@ -144,12 +144,12 @@ def weight_grads(ctx: FastContext, dy, go_RH, dgu, dgu_s, dtype=torch.float32):
         s_down, s_gate_up = shared_wgrad_segments(T, H, S, dy, ctx.a_s_TS, dgu_s, ctx.x_TH, d_sg, d_su, d_sd)
     segs = [Segment.expert_wgrad(sched.offsets, E, H, I, Operand(go_RH, 0, H, H), Operand(ctx.a_RI, 0, I, I),
                                  Operand(d_rd, H * I, 0, I))]
-    _lib.grouped_gemm(kind, segs + ([s_down] if shared else []), dev, _tiles.variant(kind, H, I))
+    _tiles.grouped_gemm(kind, segs + ([s_down] if shared else []), dev, H, I)
     x_rows = Operand(ctx.x_RH, 0, H, H)
     segs = [Segment.expert_wgrad(sched.offsets, E, I, H, Operand(dgu, 0, 2 * I, 2 * I, offset=half * I), x_rows,
                                  Operand(out, I * H, 0, H))
             for half, out in enumerate((d_rg, d_ru))]
-    _lib.grouped_gemm(kind, segs + (s_gate_up if shared else []), dev, _tiles.variant(kind, H, I))
+    _tiles.grouped_gemm(kind, segs + (s_gate_up if shared else []), dev, H, I)
     for g in (d_rg, d_ru, d_rd):
         _lib.zero_empty(g, sched.offsets, E, sched.flag)
     return d_rg, d_ru, d_rd, d_sg, d_su, d_sd

@@ -109,7 +109,7 @@ def shared_weight_grads(buf, d: Dims, rows_all: dict, dtype):
         sg, su, sd = _empty(dev, dtype, S, H), _empty(dev, dtype, S, H), _empty(dev, dtype, H, S)
     down, gate_up = shared_wgrad_segments(W * T, H, S, rows_all["dy"], rows_all["a_s"], rows_all["dg_s"],
                                           rows_all["x_b"], sg, su, sd, s0=buf.rank * n)
-    _lib.grouped_gemm(wgrad_kind(dtype), [down, *gate_up], dev, _tiles.variant(wgrad_kind(dtype), H, d.I))
+    _tiles.grouped_gemm(wgrad_kind(dtype), [down, *gate_up], dev, H, d.I)
     if not n:
         return sg, su, sd
     _sync_phase(buf, BWD_SHARED, buf.epoch_bwd)

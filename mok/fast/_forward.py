@@ -72,7 +72,7 @@ def gate_up(x_TH, x_RH, sched: Schedule, d: Dims, routed_gate, routed_up, shared
         segs += [Segment.all_rows(T, S, H, Operand(x_TH, 0, 0, H), Operand(w, 0, 0, H),
                                   Operand(gu_s, 0, 0, 2 * S, offset=half * S))
                  for half, w in enumerate((shared_gate, shared_up))]
-    _lib.grouped_gemm(_lib.GEMM_TN_F32, segs, dev, _tiles.variant(_lib.GEMM_TN_F32, H, I))
+    _tiles.grouped_gemm(_lib.GEMM_TN_F32, segs, dev, H, I)
     return gu, gu_s
 
 
@@ -99,7 +99,7 @@ def down(a_RI, a_s, sched: Schedule, d: Dims, routed_down, shared_down):
         s = _empty(dev, torch.bfloat16, T, H)
         segs.append(Segment.all_rows(T, H, S, Operand(a_s, 0, 0, S), Operand(shared_down, 0, 0, S),
                                      Operand(s, 0, 0, H)))
-    _lib.grouped_gemm(_lib.GEMM_TN_BF16, segs, dev, _tiles.variant(_lib.GEMM_TN_BF16, H, I))
+    _tiles.grouped_gemm(_lib.GEMM_TN_BF16, segs, dev, H, I)
     return o, s
 
 

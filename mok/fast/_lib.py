@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -324,10 +325,7 @@ def cast_pair_bf16(first, second, out) -> None:
         raise ValueError(f"first: expected at least 2 dims [..., n, H], got shape {tuple(first.shape)}")
     *lead, n, H = first.shape
     _check_tensor("out", out, _BF16, dev, shape=(*lead, 2 * n, H))
-    blocks = 1
-    for s in lead:
-        blocks *= s
-    _call("mok_cast_pair_bf16", dev, _p(first), _p(second), blocks, n * H, _p(out))
+    _call("mok_cast_pair_bf16", dev, _p(first), _p(second), math.prod(lead), n * H, _p(out))
 
 
 # ---------------------------------------------------------------- router

@@ -15,6 +15,7 @@ kind in MokGemmKind order ("2,2,0,0,2,2").
 """
 from __future__ import annotations
 
+import functools
 import os
 
 from . import _lib
@@ -27,7 +28,12 @@ SMALL_I = 1024  # at or below: many small experts (Qwen3, OLMoE, DeepSeek-V2-Lit
 def _override(kind: int) -> int | None:
     """The variant MOK_FAST_GEMM_VARIANT gives `kind`, or None when it is unset; ValueError naming the
     variable for anything but one or NUM_KINDS integers in [0, NUM_GEMM_VARIANTS)."""
-    text = os.environ.get(ENV, "").strip()
+    forced = _parse(os.environ.get(ENV, "").strip())
+    return None if forced is None else forced[0] if len(forced) == 1 else forced[kind]
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(text: str) -> tuple[int, ...] | None:
     if not text:
         return None
     try:
@@ -38,7 +44,7 @@ def _override(kind: int) -> int | None:
     if len(vals) not in (1, n_kinds) or not all(0 <= v < _lib.NUM_GEMM_VARIANTS for v in vals):
         raise ValueError(f"{ENV}: expected one or {n_kinds} comma-separated integers in "
                          f"[0, {_lib.NUM_GEMM_VARIANTS}), got {text!r}")
-    return vals[0] if len(vals) == 1 else vals[kind]
+    return tuple(vals)
 
 
 def variant(kind: int, H: int, I: int) -> int:
@@ -50,3 +56,8 @@ def variant(kind: int, H: int, I: int) -> int:
     if kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):  # weight gradients: K = an expert's rows
         return PINGPONG_2X1
     return PINGPONG if I <= SMALL_I else COOPERATIVE
+
+
+def grouped_gemm(kind: int, segments: list, device, H: int, I: int) -> None:
+    """`_lib.grouped_gemm` of a layer with hidden size H and routed intermediate size I, in its variant."""
+    _lib.grouped_gemm(kind, segments, device, variant(kind, H, I))
