@@ -4,7 +4,7 @@ each choice, the choices interleaved round by round so that clock drift hits the
 choice. The bits are the same under every choice (tests/gpu/test_fast_tiles.py). CUDA only.
 
 Usage: python benchmarks/bench_tiles.py [--configs a,b] [--choices default,0,2,3/3/3/3/2/2] [--rounds 5] [--reps 5]
-(a choice: "default" (the rule), one variant for every GEMM, or six joined by "/" in MokGemmKind order)
+(a choice: "default" (the rule), one variant for every GEMM, or seven joined by "/" in MokGemmKind order)
 """
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ def short(name: str) -> str:
         return "fill_group_args"
     if "GemmUniversal" in name or "cutlass" in name:
         return "cutlass grouped GEMM " + ("pingpong" if "Pingpong" in name else "cooperative") + \
-            (" f32-out" if "LinearCombinationIffvf" in name else " bf16-out")
+            (" SwiGLU-bwd epilogue" if "SwigluBwdEpilogue" in name else
+             " f32-out" if "LinearCombinationIffvf" in name else " bf16-out")
     return name.replace("(anonymous namespace)::", "").replace("void ", "").split("(")[0].split("<")[0][:60]
 
 
@@ -66,14 +67,17 @@ def main():
         last = evs[-per:]
         s = sum(e.device_time_total for e in last) / 1e3
         span = (max(e.time_range.end for e in last) - min(e.time_range.start for e in last)) / 1e3
+        span_all = (max(e.time_range.end for e in evs) - min(e.time_range.start for e in evs)) / 1e3 / iters
         walls = {mode: timed(lambda inp=inp: step(inp), 3, 10, mode) for mode in ("stream", "sync")}
         print(f"\n{c['name']}: wall time of one fwd+bwd {walls['stream']:.2f} ms queued back to back, "
               f"{walls['sync']:.2f} ms one at a time (CUDA events, median of 10); from its first kernel's start "
-              f"to its last one's end {span:.2f} ms, of which the GPU runs a kernel {busy_ms(last):.2f} ms")
+              f"to its last one's end {span:.2f} ms, of which the GPU runs a kernel {busy_ms(last):.2f} ms; "
+              f"{iters} profiled steps queued back to back: {span_all:.2f} ms per step from the first kernel's start "
+              f"to the last one's end, the GPU busy {busy_ms(evs) / iters:.2f} ms of it")
         print(f"{c['name']}: kernel time of one fwd+bwd {s:.2f} ms, in launch order:")
         R, T, H, I, S = c["T"] * c["K"], c["T"], c["H"], c["I"], c["S"]
         one, two = 2 * H * (R * I + T * S), 2 * H * (R * 2 * I + T * 2 * S)
-        flops = iter([("gate/up", two), ("down", one), ("d_a", one), ("d_x", two), ("wgrad down", one),
+        flops = iter([("gate/up", two), ("down", one), ("d_a + SwiGLU bwd", one), ("d_x", two), ("wgrad down", one),
                       ("wgrad gate/up", two)])  # the GEMM launches in order (run_forward, run_backward)
         for e in last:
             ms, name = e.device_time_total / 1e3, short(e.name)

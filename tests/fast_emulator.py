@@ -88,6 +88,10 @@ def grouped_gemm(kind, segments, device, variant=0):
                 else:  # NN: B [k, n]
                     b_nk = _operand(s.b, e, off, s.k, s.n).t()
                 out = reference.matmul_exact(a.contiguous(), b_nk.contiguous())
+                if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the epilogue: [dg | du] of da = out, reading [g | u]
+                    gu = _operand(s.aux, e, off, rows, 2 * s.n)
+                    _swiglu_bwd_rows(out, gu, _operand(s.d, e, off, rows, 2 * s.n), s.n)
+                    continue
                 d = _operand(s.d, e, off, rows, s.n)
             else:  # TT: D [m, n] = A [rows, m]^T . B [rows, n], reduced over rows in order
                 a = _operand(s.a, e, off, rows, s.m)
@@ -107,12 +111,16 @@ def swiglu_fwd(gu, offsets, L, fixed_rows, I, capacity, a):
     a[:n] = (g * torch.sigmoid(g) * u).to(torch.bfloat16)
 
 
+def _swiglu_bwd_rows(da, gu, dgu, I):
+    g, u = gu[:, :I], gu[:, I:2 * I]
+    sig = torch.sigmoid(g)
+    dgu[:, :I] = (da * u * (sig * (1 + g * (1 - sig)))).to(torch.bfloat16)
+    dgu[:, I:2 * I] = (da * (g * sig)).to(torch.bfloat16)
+
+
 def swiglu_bwd(da, gu, offsets, L, fixed_rows, I, capacity, dgu):
     n = _rows(offsets, L, fixed_rows)
-    g, u, d = gu[:n, :I], gu[:n, I:], da[:n]
-    sig = torch.sigmoid(g)
-    dgu[:n, :I] = (d * u * (sig * (1 + g * (1 - sig)))).to(torch.bfloat16)
-    dgu[:n, I:] = (d * (g * sig)).to(torch.bfloat16)
+    _swiglu_bwd_rows(da[:n], gu[:n], dgu[:n], I)
 
 
 def _combine(first, rows_RH, pair_row, flag, K, w=None):

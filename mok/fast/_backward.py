@@ -1,7 +1,8 @@
 """Backward pass of the fast path (one GPU, W = 1), as named stages.
 
-pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GEMM (+ shared)
--> SwiGLU backward (dg | du, bf16) -> d_x rows grouped GEMM against [gate; up] (+ shared; read as is
+pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GEMM (+ shared; fp32 da)
+-> SwiGLU backward (dg | du, bf16) (or both in one launch, the SwiGLU backward in the GEMM's epilogue, with
+MOK_FAST_FUSE_SWIGLU_BWD=1: the same bits, no fp32 da buffer, 1-5% slower; _tiles.py) -> d_x rows grouped GEMM against [gate; up] (+ shared; read as is
 when gate and up are halves of one tensor, else concatenated on a side stream meanwhile) -> d_x combine (fp32, shared first then k
 ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs (fp32, reduced over
 the expert's rows in canonical order, one CTA per output tile) -> zero empty experts -> NaN
@@ -58,13 +59,43 @@ def gate_up_weights(rg, ru, sg, su, side: torch.cuda.Stream | None = None):
     return out[0], out[1]
 
 
-def d_act(ctx: FastContext, dy, go_RH, rd, sd):
-    """(da [R, I] fp32, da_s [T, S] fp32 or None): go · W_down[e] and dy · shared_down, one launch.
-    go_RH None: the shared part only (da None); dy None: the routed part only (da_s None)."""
+def d_act_swiglu(ctx: FastContext, dy, go_RH, rd, sd):
+    """(dgu [R, 2I] bf16, dgu_s [T, 2S] bf16 or None) = [bf16(da*u*silu'(g)) | bf16(da*silu(g))], da = go · W_down[e]
+    (dy · shared_down for the shared expert) in fp32, [g | u] the saved fp32 pre-activations: `d_act_swiglu_fused`
+    when `_tiles.fuse_swiglu_bwd()`, else `d_act_swiglu_unfused` (the same bits: tests/gpu/test_fast_fused.py).
+    go_RH None: the shared part only (dgu None); dy None: the routed part only (dgu_s None)."""
+    fn = d_act_swiglu_fused if _tiles.fuse_swiglu_bwd() else d_act_swiglu_unfused
+    return fn(ctx, dy, go_RH, rd, sd)
+
+
+def d_act_swiglu_fused(ctx: FastContext, dy, go_RH, rd, sd):
+    """`d_act_swiglu` in one launch (GEMM_NN_SWIGLU_BWD): the SwiGLU backward in the d_a GEMMs' epilogue, so the
+    fp32 da [R, I] is never written; slower than the unfused pair by 1-5% on the benchmark shapes
+    (benchmarks/RESULTS.md run 7)."""
     d = ctx.dims
     H, I, S, T = d.H, d.I, d.S, d.T
     dev = (go_RH if go_RH is not None else dy).device
-    segs, da, da_s = [], None, None
+    segs, dgu, dgu_s = [], None, None
+    if go_RH is not None:
+        dgu = _empty(dev, torch.bfloat16, go_RH.shape[0], 2 * I)
+        segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, I, H, Operand(go_RH, 0, H, H),
+                                        Operand(rd, H * I, 0, I), Operand(dgu, 0, 2 * I, 2 * I),
+                                        aux=Operand(ctx.gu_R2I, 0, 2 * I, 2 * I)))
+    if S and dy is not None:
+        dgu_s = _empty(dev, torch.bfloat16, T, 2 * S)
+        segs.append(Segment.all_rows(T, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(dgu_s, 0, 0, 2 * S),
+                                     aux=Operand(ctx.gu_s_T2S, 0, 0, 2 * S)))
+    _tiles.grouped_gemm(_lib.GEMM_NN_SWIGLU_BWD, segs, dev, H, I)
+    return dgu, dgu_s
+
+
+def d_act_swiglu_unfused(ctx: FastContext, dy, go_RH, rd, sd):
+    """`d_act_swiglu` in two steps (the default): the d_a GEMMs write fp32 da [R, I] and da_s [T, S]
+    (GEMM_NN_F32), then the swiglu_bwd kernel reads them back with [g | u]."""
+    d = ctx.dims
+    H, I, S, T = d.H, d.I, d.S, d.T
+    dev = (go_RH if go_RH is not None else dy).device
+    segs, da, da_s, dgu, dgu_s = [], None, None, None, None
     if go_RH is not None:
         da = _empty(dev, torch.float32, go_RH.shape[0], I)
         segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, I, H, Operand(go_RH, 0, H, H),
@@ -73,21 +104,13 @@ def d_act(ctx: FastContext, dy, go_RH, rd, sd):
         da_s = _empty(dev, torch.float32, T, S)
         segs.append(Segment.all_rows(T, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(da_s, 0, 0, S)))
     _tiles.grouped_gemm(_lib.GEMM_NN_F32, segs, dev, H, I)
-    return da, da_s
-
-
-def swiglu_backward(ctx: FastContext, da, da_s):
-    """(dgu [R, 2I] bf16, dgu_s [T, 2S] bf16 or None) = [bf16(da*u*silu'(g)) | bf16(da*silu(g))];
-    either part may be None (skipped)."""
-    d = ctx.dims
-    dgu = dgu_s = None
     if da is not None:
         R = da.shape[0]
-        dgu = _empty(da.device, torch.bfloat16, R, 2 * d.I)
-        _lib.swiglu_bwd(da, ctx.gu_R2I, ctx.sched.offsets, d.E, 0, d.I, R, dgu)
+        dgu = _empty(dev, torch.bfloat16, R, 2 * I)
+        _lib.swiglu_bwd(da, ctx.gu_R2I, ctx.sched.offsets, d.E, 0, I, R, dgu)
     if da_s is not None:
-        dgu_s = _empty(da_s.device, torch.bfloat16, d.T, 2 * d.S)
-        _lib.swiglu_bwd(da_s, ctx.gu_s_T2S, None, 0, d.T, d.S, d.T, dgu_s)
+        dgu_s = _empty(dev, torch.bfloat16, T, 2 * S)
+        _lib.swiglu_bwd(da_s, ctx.gu_s_T2S, None, 0, T, S, T, dgu_s)
     return dgu, dgu_s
 
 
@@ -170,8 +193,7 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32):
     d_w = _empty(dev, torch.float32, d.T, d.K)
     go_RH = _empty(dev, torch.bfloat16, R, d.H)
     _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, sched.pair_row, sched.flag, d_w, go_RH)
-    da, da_s = d_act(ctx, dy, go_RH, rd, sd)
-    dgu, dgu_s = swiglu_backward(ctx, da, da_s)
+    dgu, dgu_s = d_act_swiglu(ctx, dy, go_RH, rd, sd)
     main.wait_stream(side)
     dx_RH, dxs = d_input_rows(ctx, dgu, dgu_s, w_gu, w_gu_s)
     d_x = _empty(dev, torch.bfloat16, d.T, d.H)

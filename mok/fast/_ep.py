@@ -25,7 +25,7 @@ import torch
 
 from ..reference import Dims
 from . import _ep_buffer, _lib, _tiles
-from ._backward import (d_act, d_input_rows, gate_up_weights, shared_wgrad_segments, swiglu_backward, weight_grads,
+from ._backward import (d_act_swiglu, d_input_rows, gate_up_weights, shared_wgrad_segments, weight_grads,
                         wgrad_kind)
 from ._forward import FastContext, Schedule, _empty, down, gate_up, swiglu
 
@@ -137,8 +137,7 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32):
     _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, buf.ident, sched.flag, d_w, buf.local["go"])
     dgu_s = None
     if S:
-        _, da_s = d_act(lctx, dy, None, rd, sd)
-        _, dgu_s = swiglu_backward(lctx, None, da_s)
+        _, dgu_s = d_act_swiglu(lctx, dy, None, rd, sd)
         for name, t in (("x_b", ctx.x_TH), ("dy", dy), ("a_s", ctx.a_s_TS), ("dg_s", dgu_s)):
             buf.local[name].copy_(t)
     _sync_phase(buf, BWD_PUBLISHED, buf.epoch_bwd)
@@ -147,8 +146,7 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32):
     _lib.ep_gather_rows(buf.tables["go"], T * K, 1, sched.row_pair, sched.offsets, L, go_RH)
     rows_all = _shared_rows_all(buf, S, W, T, H, dev) if S else None  # read before phase 3 lets ranks move on
     w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su)
-    da, _ = d_act(lctx, None, go_RH, rd, sd)
-    dgu, _ = swiglu_backward(lctx, da, None)
+    dgu, _ = d_act_swiglu(lctx, None, go_RH, rd, sd)
     dx_RH, dxs = d_input_rows(lctx, dgu, dgu_s, w_gu, w_gu_s)
     _lib.ep_scatter_rows(dx_RH, sched.row_pair, sched.offsets, L, T * K, buf.tables["dx_slots"])
     _sync_phase(buf, BWD_PUSHED, buf.epoch_bwd)

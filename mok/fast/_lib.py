@@ -17,9 +17,11 @@ import torch
 
 from ._build import library
 
-GEMM_TN_F32, GEMM_TN_BF16, GEMM_NN_F32, GEMM_NN_BF16, GEMM_TT_F32, GEMM_TT_BF16 = range(6)
+GEMM_TN_F32, GEMM_TN_BF16, GEMM_NN_F32, GEMM_NN_BF16, GEMM_TT_F32, GEMM_TT_BF16, GEMM_NN_SWIGLU_BWD = range(7)
 GEMM_KINDS = {"MOK_GEMM_TN_F32": GEMM_TN_F32, "MOK_GEMM_TN_BF16": GEMM_TN_BF16, "MOK_GEMM_NN_F32": GEMM_NN_F32,
-              "MOK_GEMM_NN_BF16": GEMM_NN_BF16, "MOK_GEMM_TT_F32": GEMM_TT_F32, "MOK_GEMM_TT_BF16": GEMM_TT_BF16}
+              "MOK_GEMM_NN_BF16": GEMM_NN_BF16, "MOK_GEMM_TT_F32": GEMM_TT_F32, "MOK_GEMM_TT_BF16": GEMM_TT_BF16,
+              "MOK_GEMM_NN_SWIGLU_BWD": GEMM_NN_SWIGLU_BWD}
+FUSED_INPUT_KINDS = (GEMM_NN_SWIGLU_BWD,)  # kinds whose segments carry operand aux (an fp32 epilogue input)
 MAX_SEGMENTS = 4
 ROUTER_MAX_E = 8192
 NUM_GEMM_VARIANTS = 4  # tile variants of every kind (csrc/grouped_gemm.cuh; chosen in _tiles.py)
@@ -33,7 +35,8 @@ class MokOperand(ctypes.Structure):
 
 class MokSegment(ctypes.Structure):
     _fields_ = [("num_groups", _i32), ("rows_dim", _i32), ("fixed_rows", _i32), ("m", _i32), ("n", _i32),
-                ("k", _i32), ("offsets", _vp), ("a", MokOperand), ("b", MokOperand), ("d", MokOperand)]
+                ("k", _i32), ("offsets", _vp), ("a", MokOperand), ("b", MokOperand), ("d", MokOperand),
+                ("aux", MokOperand)]
 
 
 # name: (restype, argtypes); pointers and cudaStream_t are c_void_p.
@@ -133,7 +136,8 @@ class Operand:
 class Segment:
     """`num_groups` GEMMs sharing one formula. rows(e) come from `offsets` (int32 [>= num_groups + 1])
     or are `fixed_rows`, and are the M (rows_dim=0) or the K (rows_dim=2) of each GEMM; the other two
-    sizes are the constants m, n, k. Build one with the named constructors below."""
+    sizes are the constants m, n, k. `aux`: the fp32 input of a fused epilogue (GEMM_NN_SWIGLU_BWD's
+    [g | u], with D's row structure), None for the other kinds. Build one with the named constructors below."""
     num_groups: int
     rows_dim: int
     m: int
@@ -144,16 +148,19 @@ class Segment:
     d: Operand
     offsets: torch.Tensor | None = None
     fixed_rows: int = 0
+    aux: Operand | None = None
 
     @classmethod
-    def expert_rows(cls, offsets: torch.Tensor, groups: int, n: int, k: int, a: Operand, b: Operand, d: Operand):
-        """Per-expert GEMM whose M is the expert's routed rows: D_e [rows(e), n] = A_e [rows(e), k] · B_e."""
-        return cls(groups, 0, 0, n, k, a, b, d, offsets=offsets)
+    def expert_rows(cls, offsets: torch.Tensor, groups: int, n: int, k: int, a: Operand, b: Operand, d: Operand,
+                    aux: Operand | None = None):
+        """Per-expert GEMM whose M is the expert's routed rows: D_e [rows(e), n] = A_e [rows(e), k] · B_e
+        (or, for GEMM_NN_SWIGLU_BWD, D_e [rows(e), 2n] the SwiGLU backward of that product, reading aux_e)."""
+        return cls(groups, 0, 0, n, k, a, b, d, offsets=offsets, aux=aux)
 
     @classmethod
-    def all_rows(cls, rows: int, n: int, k: int, a: Operand, b: Operand, d: Operand):
+    def all_rows(cls, rows: int, n: int, k: int, a: Operand, b: Operand, d: Operand, aux: Operand | None = None):
         """One GEMM over a fixed row count (the shared expert, the router): D [rows, n] = A [rows, k] · B."""
-        return cls(1, 0, 0, n, k, a, b, d, fixed_rows=rows)
+        return cls(1, 0, 0, n, k, a, b, d, fixed_rows=rows, aux=aux)
 
     @classmethod
     def expert_wgrad(cls, offsets: torch.Tensor, groups: int, m: int, n: int, a: Operand, b: Operand, d: Operand):
@@ -167,7 +174,8 @@ class Segment:
 
     def c(self) -> MokSegment:
         return MokSegment(self.num_groups, self.rows_dim, self.fixed_rows, self.m, self.n, self.k,
-                          _p(self.offsets), self.a.c(), self.b.c(), self.d.c())
+                          _p(self.offsets), self.a.c(), self.b.c(), self.d.c(),
+                          self.aux.c() if self.aux is not None else MokOperand())
 
 
 @functools.lru_cache(maxsize=None)
@@ -182,11 +190,18 @@ def grouped_gemm(kind: int, segments: list[Segment], device: torch.device, varia
         raise ValueError(f"segments: expected 1 to {MAX_SEGMENTS}, got {len(segments)}")
     if not (isinstance(variant, int) and 0 <= variant < NUM_GEMM_VARIANTS):
         raise ValueError(f"variant: expected an int in [0, {NUM_GEMM_VARIANTS}), got {variant!r}")
+    fused = kind in FUSED_INPUT_KINDS
     for s in segments:
-        for which in ("a", "b", "d"):
+        if (s.aux is not None) != fused:
+            raise ValueError(f"segments: operand aux must be {'given' if fused else 'None'} for GEMM kind {kind} "
+                             f"(only the fused kinds {FUSED_INPUT_KINDS} read it)")
+        for which in ("a", "b", "d") + (("aux",) if fused else ()):
             t = getattr(s, which).tensor
             if t.device != device or not t.is_contiguous():
                 raise ValueError(f"segments: operand {which} must be a contiguous tensor on {device}")
+        if fused and (s.aux.tensor.dtype != _F32 or s.d.tensor.dtype != _BF16):
+            raise TypeError(f"segments: GEMM_NN_SWIGLU_BWD reads aux float32 and writes d bfloat16, got "
+                            f"{s.aux.tensor.dtype} and {s.d.tensor.dtype}")
     index = device.index if device.index is not None else torch.cuda.current_device()
     groups = sum(s.num_groups for s in segments)
     ws = torch.empty(_workspace_bytes(kind, variant, groups, index), dtype=torch.uint8, device=device)

@@ -1,4 +1,5 @@
-"""Which tile variant (csrc/grouped_gemm.cuh, MOK_GEMM_NUM_VARIANTS) each grouped GEMM of a layer runs.
+"""Which tile variant (csrc/grouped_gemm.cuh, MOK_GEMM_NUM_VARIANTS) each grouped GEMM of a layer runs, and
+whether the d_a GEMM takes the SwiGLU backward into its epilogue.
 
 Chosen from the GEMM's kind and the layer's model constants only (H, I: never the token count), so a
 layer runs the same kernels whatever its batch; every variant walks K in the same order with one CTA per
@@ -6,12 +7,20 @@ output tile, so all give the same bits anyway (tests/gpu/test_fast_tiles.py chec
 
 The rule, from one profile of every GEMM under each variant (benchmarks/RESULTS.md, run 6; `python
 benchmarks/profile_fast.py` with MOK_FAST_GEMM_VARIANT set): the weight-gradient GEMMs run ping-pong
-128x192 in 2x1 clusters on every shape measured (6-22% faster); the forward and d_a / d_x GEMMs run
+128x192 in 2x1 clusters on every shape measured (6-22% faster); the forward and d_x GEMMs run
 ping-pong 128x192 when the routed intermediate size is small (I <= 1024: 3-9% faster per GEMM on Qwen3-30B-A3B),
-else the cooperative 128x256 tile (as fast or faster for I = 1536 to 14336).
+else the cooperative 128x256 tile (as fast or faster for I = 1536 to 14336). The d_a GEMM with the SwiGLU
+backward in its epilogue runs the cooperative tile everywhere (its epilogue reads [g | u] and writes [dg | du]:
+the two consumer warpgroups share it; faster than ping-pong on all five shapes of `benchmarks/bench_fused.py`,
+benchmarks/RESULTS.md run 7).
 
 `MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
-kind in MokGemmKind order ("2,2,0,0,2,2").
+kind in MokGemmKind order ("2,2,0,0,2,2,0").
+
+`MOK_FAST_FUSE_SWIGLU_BWD=1` runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD)
+instead of the d_a GEMM and the swiglu_bwd kernel: the same bits, no fp32 d_a buffer (R x I x 4 bytes: 0.4 GB on
+Qwen3-30B-A3B, 0.9 GB on Mixtral-8x7B at 8192 tokens), but 1-5% slower end to end on four of five benchmark
+shapes (its epilogue does not overlap the tensor cores; benchmarks/RESULTS.md run 7), so off by default.
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ from . import _lib
 
 COOPERATIVE, COOPERATIVE_2X1, PINGPONG_2X1, PINGPONG = range(_lib.NUM_GEMM_VARIANTS)
 ENV = "MOK_FAST_GEMM_VARIANT"
+FUSE_ENV = "MOK_FAST_FUSE_SWIGLU_BWD"
 SMALL_I = 1024  # at or below: many small experts (Qwen3, OLMoE, DeepSeek-V2-Lite), ping-pong pays
 
 
@@ -47,6 +57,15 @@ def _parse(text: str) -> tuple[int, ...] | None:
     return tuple(vals)
 
 
+def fuse_swiglu_bwd() -> bool:
+    """Whether MOK_FAST_FUSE_SWIGLU_BWD asks for the fused d_a + SwiGLU-backward GEMM ("1"; unset, "" or "0":
+    no); ValueError naming the variable for anything else."""
+    text = os.environ.get(FUSE_ENV, "").strip()
+    if text not in ("", "0", "1"):
+        raise ValueError(f"{FUSE_ENV}: expected 0 or 1, got {text!r}")
+    return text == "1"
+
+
 def variant(kind: int, H: int, I: int) -> int:
     """The tile variant of a `kind` GEMM (mok.fast._lib.GEMM_*) of a layer with hidden size H and routed
     intermediate size I."""
@@ -55,6 +74,8 @@ def variant(kind: int, H: int, I: int) -> int:
         return forced
     if kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):  # weight gradients: K = an expert's rows
         return PINGPONG_2X1
+    if kind == _lib.GEMM_NN_SWIGLU_BWD:  # its epilogue is heavy: two warpgroups share it
+        return COOPERATIVE
     return PINGPONG if I <= SMALL_I else COOPERATIVE
 
 

@@ -1,5 +1,5 @@
 """Every tile variant of the grouped GEMMs (csrc/grouped_gemm.cuh, chosen in mok/fast/_tiles.py) gives the
-same bits: the fast layer's 9 outputs, with fp32 and with bf16 weight gradients (all six GEMM kinds), under
+same bits: the fast layer's 9 outputs, with fp32 and with bf16 weight gradients (every GEMM kind the layer runs), under
 each variant forced through MOK_FAST_GEMM_VARIANT, against variant 0, on shapes with uneven and empty
 experts and token counts that are not multiples of 128."""
 import pytest

@@ -11,6 +11,7 @@
 
 #include "mok_fast.h"
 #include "mok_status.h"
+#include "swiglu_math.cuh"
 
 namespace {
 
@@ -23,9 +24,8 @@ inline int token_threads(int H) {
 }
 
 __device__ __forceinline__ float nanf_() { return __int_as_float(0x7fc00000); }
-// The one SiLU of the fast path: s = sigmoid(g), silu = g * s, silu' = s * (1 + g * (1 - s)).
-__device__ __forceinline__ float sigmoid_(float g) { return 1.0f / (1.0f + expf(-g)); }
-__device__ __forceinline__ float silu_(float g) { return g * sigmoid_(g); }
+using mok::silu_;
+using mok::swiglu_bwd_one;
 
 // Rows a per-row kernel covers: the schedule's placed rows (offsets[L]) or a fixed count.
 __device__ __forceinline__ int n_rows_(const int* offsets, int L, int fixed_rows) {
@@ -177,13 +177,7 @@ __global__ void swiglu_bwd_k(const float* da, const float* gu, int64_t ld, const
     float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w}, d[4] = {d4.x, d4.y, d4.z, d4.w};
     bf16 dg[4], du[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float sig = sigmoid_(g[j]);
-      float sl = g[j] * sig;
-      float dsilu = sig * (1.0f + g[j] * (1.0f - sig));
-      dg[j] = __float2bfloat16_rn(d[j] * u[j] * dsilu);
-      du[j] = __float2bfloat16_rn(d[j] * sl);
-    }
+    for (int j = 0; j < 4; ++j) swiglu_bwd_one(d[j], g[j], u[j], dg[j], du[j]);
     *reinterpret_cast<uint2*>(dgu + (int64_t)r * 2 * I + i) = *reinterpret_cast<uint2*>(dg);
     *reinterpret_cast<uint2*>(dgu + (int64_t)r * 2 * I + I + i) = *reinterpret_cast<uint2*>(du);
   }

@@ -14,15 +14,17 @@ MOK_DECLARE_KIND(gemm_nn_f32)
 MOK_DECLARE_KIND(gemm_nn_bf16)
 MOK_DECLARE_KIND(gemm_tt_f32)
 MOK_DECLARE_KIND(gemm_tt_bf16)
+MOK_DECLARE_KIND(gemm_nn_swiglu_bwd)
 #undef MOK_DECLARE_KIND
 }  // namespace mok
 
-// NAME's entry points over the tile variants of grouped_gemm.cuh (layouts LA, LB; D type ED); the
+// NAME's entry points over the tile variants of grouped_gemm.cuh (layouts LA, LB; D type ED; epilogue
+// EPI, a mok::Epi); the
 // caller (gemm_dispatch.cu) has checked variant in [0, MOK_GEMM_NUM_VARIANTS).
-#define MOK_DEFINE_KIND(NAME, LA, LB, ED)                                                       \
+#define MOK_DEFINE_KIND(NAME, LA, LB, ED, EPI)                                                  \
   namespace mok {                                                                               \
   template <int V>                                                                              \
-  using NAME##_v = typename VariantOf<LA, LB, ED, V>::type;                                     \
+  using NAME##_v = typename VariantOf<LA, LB, ED, V, EPI>::type;                                \
   size_t NAME##_workspace_bytes(int variant, int groups, int device) {                          \
     switch (variant) {                                                                          \
       case 1: return NAME##_v<1>::workspace_bytes(groups, device);                              \

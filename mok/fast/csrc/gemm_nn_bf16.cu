@@ -2,4 +2,4 @@
 #include "gemm_kinds.h"
 #include "grouped_gemm.cuh"
 MOK_DEFINE_KIND(gemm_nn_bf16, cutlass::layout::RowMajor, cutlass::layout::RowMajor,
-                cutlass::bfloat16_t)
+                cutlass::bfloat16_t, mok::Epi::kLinear)

@@ -2,4 +2,4 @@
 #include "gemm_kinds.h"
 #include "grouped_gemm.cuh"
 MOK_DEFINE_KIND(gemm_nn_f32, cutlass::layout::RowMajor, cutlass::layout::RowMajor,
-                float)
+                float, mok::Epi::kLinear)

@@ -2,4 +2,4 @@
 #include "gemm_kinds.h"
 #include "grouped_gemm.cuh"
 MOK_DEFINE_KIND(gemm_tn_f32, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor,
-                float)
+                float, mok::Epi::kLinear)

@@ -4,4 +4,4 @@
 #include "gemm_kinds.h"
 #include "grouped_gemm.cuh"
 MOK_DEFINE_KIND(gemm_tt_bf16, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor,
-                cutlass::bfloat16_t)
+                cutlass::bfloat16_t, mok::Epi::kLinear)

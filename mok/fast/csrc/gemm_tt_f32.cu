@@ -3,4 +3,4 @@
 #include "gemm_kinds.h"
 #include "grouped_gemm.cuh"
 MOK_DEFINE_KIND(gemm_tt_f32, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor,
-                float)
+                float, mok::Epi::kLinear)

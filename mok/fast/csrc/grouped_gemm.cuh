@@ -1,6 +1,6 @@
 // Grouped (ptr-array) bf16 GEMM on sm_90a through CUTLASS 3.x: TMA loads, wgmma, warp-specialised
 // persistent kernel, per-group problem sizes, pointers and strides read on the device.
-// One instantiation per (layout A, layout B, D type). The tile shape is fixed per instantiation and
+// One instantiation per (layout A, layout B, D type, epilogue). The tile shape is fixed per instantiation and
 // never chosen from the problem size, and every output tile is owned by one CTA walking its whole K
 // range in order (no split-K, no atomics): results are bitwise reproducible and batch invariant.
 #pragma once
@@ -11,6 +11,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/detail.hpp"
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
@@ -19,6 +20,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#include "epilogue_swiglu_bwd.cuh"
 #include "gemm_kinds.h"
 #include "mok_fast.h"
 #include "mok_status.h"
@@ -27,8 +29,12 @@ namespace mok {
 
 using namespace cute;
 
+// Epilogues: D = the accumulator rounded to D's type (CUTLASS's TMA epilogue), or the SwiGLU backward of
+// it (epilogue_swiglu_bwd.cuh: D bf16 [dg | du], reading C = the fp32 [g | u] pre-activations).
+enum class Epi { kLinear, kSwigluBwd };
+
 template <class LayoutA_, class LayoutB_, class ElementD_, class TileShape_, class ClusterShape_,
-          class KernelSchedule_, class EpilogueSchedule_>
+          class KernelSchedule_, class EpilogueSchedule_, Epi kEpi = Epi::kLinear>
 struct GroupedGemm {
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using ElementA = cutlass::bfloat16_t;
@@ -40,11 +46,16 @@ struct GroupedGemm {
   static constexpr int AlignA = 8, AlignB = 8;
   static constexpr int AlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
 
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  static constexpr bool kSwiglu = kEpi == Epi::kSwigluBwd;
+  static_assert(!kSwiglu || cute::is_same_v<ElementD, cutlass::bfloat16_t>, "the SwiGLU backward writes bf16");
+  using LinearEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape_, ClusterShape_,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, LayoutD*, AlignD, ElementD, LayoutD*, AlignD, EpilogueSchedule_,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+  using SwigluEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+      SwigluBwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>;
+  using CollectiveEpilogue = cute::conditional_t<kSwiglu, SwigluEpilogue, LinearEpilogue>;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, AlignA, ElementB,
@@ -67,16 +78,18 @@ struct GroupedGemm {
     const ElementA** a;
     const ElementB** b;
     ElementD** d;
+    const float** c;  // the SwiGLU epilogue's [g | u] input, from operand aux (null for the linear epilogue)
     StrideA* sa;
     StrideB* sb;
     StrideD* sd;
+    StrideD* sc;
   };
 
   static size_t align16(size_t n) { return (n + 15) & ~size_t(15); }
   static size_t arrays_bytes(int g) {
-    return align16(g * sizeof(Shape3)) + 3 * align16(g * sizeof(void*)) +
+    return align16(g * sizeof(Shape3)) + 4 * align16(g * sizeof(void*)) +
            align16(g * sizeof(StrideA)) + align16(g * sizeof(StrideB)) +
-           align16(g * sizeof(StrideD));
+           2 * align16(g * sizeof(StrideD));
   }
   static Arrays carve(void* ws, int g) {
     char* p = static_cast<char*>(ws);
@@ -85,9 +98,11 @@ struct GroupedGemm {
     r.a = reinterpret_cast<const ElementA**>(p); p += align16(g * sizeof(void*));
     r.b = reinterpret_cast<const ElementB**>(p); p += align16(g * sizeof(void*));
     r.d = reinterpret_cast<ElementD**>(p); p += align16(g * sizeof(void*));
+    r.c = reinterpret_cast<const float**>(p); p += align16(g * sizeof(void*));
     r.sa = reinterpret_cast<StrideA*>(p); p += align16(g * sizeof(StrideA));
     r.sb = reinterpret_cast<StrideB*>(p); p += align16(g * sizeof(StrideB));
-    r.sd = reinterpret_cast<StrideD*>(p);
+    r.sd = reinterpret_cast<StrideD*>(p); p += align16(g * sizeof(StrideD));
+    r.sc = reinterpret_cast<StrideD*>(p);
     return r;
   }
 
@@ -105,17 +120,24 @@ struct GroupedGemm {
 
   static typename Gemm::Arguments make_args(Arrays arr, int groups, int device) {
     typename Gemm::Arguments args;
-    decltype(args.epilogue.thread) fusion;
-    fusion.alpha = 1.0f;
-    fusion.beta = 0.0f;
-    fusion.alpha_ptr = nullptr;
-    fusion.beta_ptr = nullptr;
-    args = typename Gemm::Arguments{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        {groups, arr.shapes, nullptr},
-        {arr.a, arr.sa, arr.b, arr.sb},
-        {fusion, nullptr, arr.sd, arr.d, arr.sd},
-        hw_info(device)};
+    if constexpr (kSwiglu) {
+      args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                      {groups, arr.shapes, nullptr},
+                                      {arr.a, arr.sa, arr.b, arr.sb},
+                                      {arr.c, arr.sc, arr.d, arr.sd},
+                                      hw_info(device)};
+    } else {
+      decltype(args.epilogue.thread) fusion;
+      fusion.alpha = 1.0f;
+      fusion.beta = 0.0f;
+      fusion.alpha_ptr = nullptr;
+      fusion.beta_ptr = nullptr;
+      args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                      {groups, arr.shapes, nullptr},
+                                      {arr.a, arr.sa, arr.b, arr.sb},
+                                      {fusion, nullptr, arr.sd, arr.d, arr.sd},
+                                      hw_info(device)};
+    }
     return args;
   }
 
@@ -166,9 +188,12 @@ __global__ void fill_group_args(typename G::Arrays arr, SegmentList segs) {
   arr.a[g] = static_cast<const EA*>(s.a.base) + s.a.offset + e * s.a.expert_stride + off * s.a.row_stride;
   arr.b[g] = static_cast<const EB*>(s.b.base) + s.b.offset + e * s.b.expert_stride + off * s.b.row_stride;
   arr.d[g] = static_cast<ED*>(s.d.base) + s.d.offset + e * s.d.expert_stride + off * s.d.row_stride;
+  arr.c[g] = s.aux.base == nullptr ? nullptr
+             : static_cast<const float*>(s.aux.base) + s.aux.offset + e * s.aux.expert_stride + off * s.aux.row_stride;
   arr.sa[g] = stride_with_ld<typename G::StrideA>(s.a.ld);
   arr.sb[g] = stride_with_ld<typename G::StrideB>(s.b.ld);
   arr.sd[g] = stride_with_ld<typename G::StrideD>(s.d.ld);
+  arr.sc[g] = stride_with_ld<typename G::StrideD>(s.aux.ld);
 }
 
 template <class G>
@@ -182,6 +207,9 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
   for (int j = 0; j < n_segs; ++j) {
     list.s[j] = segs[j];
     groups += segs[j].num_groups;
+    if ((segs[j].aux.base != nullptr) != G::kSwiglu)
+      return set_error(G::kSwiglu ? "segment %d: operand aux (the [g | u] input) is null"
+                                  : "segment %d: operand aux is set but this kind reads none", j);
   }
   size_t need = G::workspace_bytes(groups, device);
   if (ws_bytes < need) return set_error("workspace %zu bytes < %zu needed", ws_bytes, need);
@@ -217,7 +245,7 @@ using EpiCoop = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 using KernelPingpong = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
 using EpiPingpong = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 
-template <class LA, class LB, class ED, int V>
+template <class LA, class LB, class ED, int V, Epi kEpi = Epi::kLinear>
 struct VariantOf {
   static_assert(V >= 0 && V < MOK_GEMM_NUM_VARIANTS, "tile variant out of range");
   static constexpr bool kPingpong = V >= 2;
@@ -225,7 +253,7 @@ struct VariantOf {
   using type = GroupedGemm<LA, LB, ED,
                            cute::conditional_t<kPingpong, Shape<_128, _192, _64>, Shape<_128, _256, _64>>,
                            Shape<Int<kClusterM>, _1, _1>, cute::conditional_t<kPingpong, KernelPingpong, KernelCoop>,
-                           cute::conditional_t<kPingpong, EpiPingpong, EpiCoop>>;
+                           cute::conditional_t<kPingpong, EpiPingpong, EpiCoop>, kEpi>;
 };
 static_assert(MOK_GEMM_NUM_VARIANTS == 4, "gemm_kinds.h: MOK_DEFINE_KIND dispatches variants 0..3");
 

@@ -28,14 +28,15 @@ struct MokOperand {
 
 // A run of groups sharing one formula. rows(e) = offsets[e + 1] - offsets[e] when offsets is
 // non-null, else fixed_rows. rows_dim says which of M (0) or K (2) is rows(e); the other two are
-// the constants m, n, k. Groups whose rows are 0 get M = 0 (no tiles).
+// the constants m, n, k. Groups whose rows are 0 get M = 0 (no tiles). aux: the fp32 input of a fused
+// epilogue (MOK_GEMM_NN_SWIGLU_BWD's [g | u]); base null for every other kind.
 struct MokSegment {
   int num_groups;
   int rows_dim;
   int fixed_rows;
   int m, n, k;
   const int* offsets;  // device, [num_groups + 1] int32, or nullptr
-  MokOperand a, b, d;
+  MokOperand a, b, d, aux;
 };
 
 enum MokGemmKind {
@@ -45,7 +46,9 @@ enum MokGemmKind {
   MOK_GEMM_NN_BF16 = 3,  // same, D bf16
   MOK_GEMM_TT_F32 = 4,   // A [K,M] row-major (M-major), B [K,N] row-major (N-major), D fp32 (weight grads)
   MOK_GEMM_TT_BF16 = 5,  // same, D bf16 (weight grads of bf16 parameters)
-  MOK_GEMM_NUM_KINDS = 6
+  MOK_GEMM_NN_SWIGLU_BWD = 6,  // NN, and the epilogue turns the fp32 product da [M,N] into D bf16 [M,2N] =
+                               // [dg | du] of the SwiGLU backward, reading aux fp32 [M,2N] = [g | u]
+  MOK_GEMM_NUM_KINDS = 7
 };
 
 extern "C" {

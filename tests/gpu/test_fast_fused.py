@@ -1,0 +1,100 @@
+"""The d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD, csrc/epilogue_swiglu_bwd.cuh,
+opt-in with MOK_FAST_FUSE_SWIGLU_BWD=1) gives the bits of the default unfused pair: the GEMM_NN_F32 d_a GEMM
+(fp32 d_a written out) followed by the swiglu_bwd kernel, for the routed rows and the shared expert, under
+every tile variant, on shapes with uneven and empty experts and token counts that are not multiples of 128,
+and with pre-activations wide enough to saturate the sigmoid (and infinities); and the whole layer gives the
+same nine outputs with the switch on as off."""
+import pytest
+import torch
+
+import mok.fast as fast
+from mok.fast import _backward, _lib, _tiles
+from mok.fast._lib import Operand, Segment
+from mok.harness.bits import assert_bitwise_equal
+from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
+
+SHAPES = [
+    MoEConfig(T=1000, H=1024, I=512, E=16, K=4, S=256),  # mid-size experts, shared expert, T % 128 != 0
+    MoEConfig(T=777, H=2048, I=2816, E=4, K=2, S=0),     # few large experts (Mixtral-like), no shared expert
+    MoEConfig(T=300, H=512, I=136, E=64, K=8, S=72),     # many small experts, some empty; I, S not multiples of 64
+]
+
+
+def _context(cfg, seed, wide: bool):
+    inputs = make_inputs(cfg, seed, device="cuda")
+    _, ctx = fast.forward(*(inputs[a] for a in LAYER_ARGS))
+    if wide:  # sigmoid saturated both ways, and +-inf, in g and u
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        for gu in (ctx.gu_R2I, ctx.gu_s_T2S):
+            if gu is not None:
+                gu.copy_(torch.randn(gu.shape, generator=gen, device="cuda") * 40)
+                gu.view(-1)[::97] = float("inf")
+                gu.view(-1)[::89] = -float("inf")
+    d = ctx.dims
+    go_RH = torch.empty(ctx.x_RH.shape, dtype=torch.bfloat16, device="cuda")
+    d_w = torch.empty(d.T, d.K, dtype=torch.float32, device="cuda")
+    _lib.combine_bwd_pre(inputs["dy"], ctx.o_RH, ctx.topk_weight_TK, ctx.sched.pair_row, ctx.sched.flag, d_w, go_RH)
+    return ctx, inputs["dy"], go_RH
+
+
+@pytest.mark.parametrize("cfg", SHAPES, ids=["mid", "few_large", "many_small"])
+@pytest.mark.parametrize("wide", [False, True], ids=["layer_values", "wide_preacts"])
+def test_fused_epilogue_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg, wide):
+    ctx, dy, go_RH = _context(cfg, 3, wide)
+    rd, sd = ctx.weights[2], ctx.weights[5]
+    monkeypatch.setenv(_tiles.ENV, "0")
+    want_dgu, want_dgu_s = _backward.d_act_swiglu_unfused(ctx, dy, go_RH, rd, sd)
+    placed = int(ctx.sched.offsets[cfg.E])  # rows past the placed ones are never written by either
+    assert placed > 0
+    for v in range(_lib.NUM_GEMM_VARIANTS):
+        monkeypatch.setenv(_tiles.ENV, str(v))
+        dgu, dgu_s = _backward.d_act_swiglu_fused(ctx, dy, go_RH, rd, sd)
+        assert_bitwise_equal(dgu[:placed], want_dgu[:placed], f"variant {v}: dg | du")
+        if cfg.S:
+            assert_bitwise_equal(dgu_s, want_dgu_s, f"variant {v}: shared dg | du")
+        else:
+            assert dgu_s is None
+
+
+def test_fused_parts_run_alone():
+    """The expert-parallel backward launches the shared part (go_RH None) and the routed part (dy None) apart."""
+    cfg = SHAPES[0]
+    ctx, dy, go_RH = _context(cfg, 4, False)
+    rd, sd = ctx.weights[2], ctx.weights[5]
+    want_dgu, want_dgu_s = _backward.d_act_swiglu_unfused(ctx, dy, go_RH, rd, sd)
+    placed = int(ctx.sched.offsets[cfg.E])
+    dgu, none = _backward.d_act_swiglu_fused(ctx, None, go_RH, rd, sd)
+    assert none is None
+    assert_bitwise_equal(dgu[:placed], want_dgu[:placed], "routed part alone")
+    none, dgu_s = _backward.d_act_swiglu_fused(ctx, dy, None, rd, sd)
+    assert none is None
+    assert_bitwise_equal(dgu_s, want_dgu_s, "shared part alone")
+
+
+def test_the_library_refuses_a_fused_launch_without_its_input():
+    """The C side checks operand aux too (the binding's check is bypassed here on purpose)."""
+    x = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
+    seg = Segment.all_rows(128, 64, 128, Operand(x, 0, 0, 128), Operand(x, 0, 0, 64), Operand(x, 0, 0, 128))
+    arr = (_lib.MokSegment * 1)(seg.c())
+    ws = torch.empty(_lib._workspace_bytes(_lib.GEMM_NN_SWIGLU_BWD, 0, 1, 0), dtype=torch.uint8, device="cuda")
+    with pytest.raises(RuntimeError, match="operand aux"):
+        _lib._call("mok_grouped_gemm", x.device, _lib.GEMM_NN_SWIGLU_BWD, 0, arr, 1, _lib._p(ws), ws.numel(), 0)
+
+
+@pytest.mark.parametrize("cfg", SHAPES[::2], ids=["mid", "many_small"])
+def test_the_switch_keeps_every_output_of_the_layer(monkeypatch, cfg):
+    inputs = make_inputs(cfg, 5, device="cuda")
+
+    def outputs():
+        y, ctx = fast.forward(*(inputs[a] for a in LAYER_ARGS))
+        return dict(zip(OUTPUT_NAMES, (y, *fast.backward(ctx, inputs["dy"]))))
+
+    monkeypatch.delenv(_tiles.FUSE_ENV, raising=False)
+    want = outputs()
+    monkeypatch.setenv(_tiles.FUSE_ENV, "1")
+    got = outputs()
+    for name, t in want.items():
+        if t is not None:
+            assert_bitwise_equal(got[name], t, f"{_tiles.FUSE_ENV}=1: {name}")
