@@ -10,9 +10,9 @@ benchmarks/profile_fast.py` with MOK_FAST_GEMM_VARIANT set): the weight-gradient
 128x192 in 2x1 clusters on every shape measured (6-22% faster); the forward and d_x GEMMs run
 ping-pong 128x192 when the routed intermediate size is small (I <= 1024: 3-9% faster per GEMM on Qwen3-30B-A3B),
 else the cooperative 128x256 tile (as fast or faster for I = 1536 to 14336). The d_a GEMM with the SwiGLU
-backward in its epilogue runs the cooperative tile everywhere (its epilogue reads [g | u] and writes [dg | du]:
-the two consumer warpgroups share it; faster than ping-pong on all five shapes of `benchmarks/bench_fused.py`,
-benchmarks/RESULTS.md run 7).
+backward in its epilogue (off by default, see below) runs the cooperative tile everywhere (its epilogue reads
+[g | u] and writes [dg | du]: the two consumer warpgroups share it; faster than ping-pong on the five shapes of
+`benchmarks/bench_fused.py` in two runs but once on Mixtral-8x7B, by 0.9%; benchmarks/RESULTS.md run 7).
 
 `MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
 kind in MokGemmKind order ("2,2,0,0,2,2,0").
