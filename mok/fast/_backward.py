@@ -72,38 +72,22 @@ def d_act_swiglu_fused(ctx: FastContext, dy, go_RH, rd, sd):
     """`d_act_swiglu` in one launch (GEMM_NN_SWIGLU_BWD): the SwiGLU backward in the d_a GEMMs' epilogue, so the
     fp32 da [R, I] is never written; slower than the unfused pair by 1-5% on the benchmark shapes
     (benchmarks/RESULTS.md run 7)."""
-    d = ctx.dims
-    H, I, S, T = d.H, d.I, d.S, d.T
-    dev = (go_RH if go_RH is not None else dy).device
-    segs, dgu, dgu_s = [], None, None
-    if go_RH is not None:
-        dgu = _empty(dev, torch.bfloat16, go_RH.shape[0], 2 * I)
-        segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, I, H, Operand(go_RH, 0, H, H),
-                                        Operand(rd, H * I, 0, I), Operand(dgu, 0, 2 * I, 2 * I),
-                                        aux=Operand(ctx.gu_R2I, 0, 2 * I, 2 * I)))
-    if S and dy is not None:
-        dgu_s = _empty(dev, torch.bfloat16, T, 2 * S)
-        segs.append(Segment.all_rows(T, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(dgu_s, 0, 0, 2 * S),
-                                     aux=Operand(ctx.gu_s_T2S, 0, 0, 2 * S)))
-    _tiles.grouped_gemm(_lib.GEMM_NN_SWIGLU_BWD, segs, dev, H, I)
+    d, dev = ctx.dims, (go_RH if go_RH is not None else dy).device
+    dgu = None if go_RH is None else _empty(dev, torch.bfloat16, go_RH.shape[0], 2 * d.I)
+    dgu_s = _empty(dev, torch.bfloat16, d.T, 2 * d.S) if d.S and dy is not None else None
+    _d_act_gemm(ctx, dy, go_RH, rd, sd, dgu, dgu_s, fused=True)
     return dgu, dgu_s
 
 
 def d_act_swiglu_unfused(ctx: FastContext, dy, go_RH, rd, sd):
     """`d_act_swiglu` in two steps (the default): the d_a GEMMs write fp32 da [R, I] and da_s [T, S]
     (GEMM_NN_F32), then the swiglu_bwd kernel reads them back with [g | u]."""
-    d = ctx.dims
-    H, I, S, T = d.H, d.I, d.S, d.T
-    dev = (go_RH if go_RH is not None else dy).device
-    segs, da, da_s, dgu, dgu_s = [], None, None, None, None
-    if go_RH is not None:
-        da = _empty(dev, torch.float32, go_RH.shape[0], I)
-        segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, I, H, Operand(go_RH, 0, H, H),
-                                        Operand(rd, H * I, 0, I), Operand(da, 0, I, I)))
-    if S and dy is not None:
-        da_s = _empty(dev, torch.float32, T, S)
-        segs.append(Segment.all_rows(T, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(da_s, 0, 0, S)))
-    _tiles.grouped_gemm(_lib.GEMM_NN_F32, segs, dev, H, I)
+    d, dev = ctx.dims, (go_RH if go_RH is not None else dy).device
+    I, S, T = d.I, d.S, d.T
+    da = None if go_RH is None else _empty(dev, torch.float32, go_RH.shape[0], I)
+    da_s = _empty(dev, torch.float32, T, S) if S and dy is not None else None
+    _d_act_gemm(ctx, dy, go_RH, rd, sd, da, da_s, fused=False)
+    dgu = dgu_s = None
     if da is not None:
         R = da.shape[0]
         dgu = _empty(dev, torch.bfloat16, R, 2 * I)
@@ -112,6 +96,26 @@ def d_act_swiglu_unfused(ctx: FastContext, dy, go_RH, rd, sd):
         dgu_s = _empty(dev, torch.bfloat16, T, 2 * S)
         _lib.swiglu_bwd(da_s, ctx.gu_s_T2S, None, 0, T, S, T, dgu_s)
     return dgu, dgu_s
+
+
+def _d_act_gemm(ctx: FastContext, dy, go_RH, rd, sd, out, out_s, fused: bool) -> None:
+    """One launch of the d_a GEMMs: go_RH · W_down[e] into `out` [R, width] and dy · shared_down into `out_s`
+    [T, width] (either None: skipped). Not fused: fp32 da (GEMM_NN_F32); fused: bf16 [dg | du], each part
+    reading its saved [g | u] (GEMM_NN_SWIGLU_BWD)."""
+    d = ctx.dims
+    H, I, S, T = d.H, d.I, d.S, d.T
+    segs = []
+    if out is not None:
+        w = out.shape[1]
+        segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, I, H, Operand(go_RH, 0, H, H),
+                                        Operand(rd, H * I, 0, I), Operand(out, 0, w, w),
+                                        aux=Operand(ctx.gu_R2I, 0, 2 * I, 2 * I) if fused else None))
+    if out_s is not None:
+        w = out_s.shape[1]
+        segs.append(Segment.all_rows(T, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(out_s, 0, 0, w),
+                                     aux=Operand(ctx.gu_s_T2S, 0, 0, 2 * S) if fused else None))
+    kind = _lib.GEMM_NN_SWIGLU_BWD if fused else _lib.GEMM_NN_F32
+    _tiles.grouped_gemm(kind, segs, (out if out is not None else out_s).device, H, I)
 
 
 def d_input_rows(ctx: FastContext, dgu, dgu_s, w_gu, w_gu_s):

@@ -15,7 +15,6 @@ int set_error(const char* fmt, ...) {
   va_end(ap);
   return 1;
 }
-
 }  // namespace mok
 
 extern "C" const char* mok_last_error() { return mok::g_error; }

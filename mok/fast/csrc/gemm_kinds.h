@@ -19,8 +19,7 @@ MOK_DECLARE_KIND(gemm_nn_swiglu_bwd)
 }  // namespace mok
 
 // NAME's entry points over the tile variants of grouped_gemm.cuh (layouts LA, LB; D type ED; epilogue
-// EPI, a mok::Epi); the
-// caller (gemm_dispatch.cu) has checked variant in [0, MOK_GEMM_NUM_VARIANTS).
+// EPI, a mok::Epi); the caller (gemm_dispatch.cu) has checked variant in [0, MOK_GEMM_NUM_VARIANTS).
 #define MOK_DEFINE_KIND(NAME, LA, LB, ED, EPI)                                                  \
   namespace mok {                                                                               \
   template <int V>                                                                              \

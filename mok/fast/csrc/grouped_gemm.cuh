@@ -207,9 +207,10 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
   for (int j = 0; j < n_segs; ++j) {
     list.s[j] = segs[j];
     groups += segs[j].num_groups;
-    if ((segs[j].aux.base != nullptr) != G::kSwiglu)
-      return set_error(G::kSwiglu ? "segment %d: operand aux (the [g | u] input) is null"
-                                  : "segment %d: operand aux is set but this kind reads none", j);
+    if (G::kSwiglu && segs[j].aux.base == nullptr)
+      return set_error("segment %d: operand aux (the [g | u] input) is null", j);
+    if (!G::kSwiglu && segs[j].aux.base != nullptr)
+      return set_error("segment %d: operand aux is set but this kind reads none", j);
   }
   size_t need = G::workspace_bytes(groups, device);
   if (ws_bytes < need) return set_error("workspace %zu bytes < %zu needed", ws_bytes, need);
