@@ -4,7 +4,9 @@ each choice, the choices interleaved round by round so that clock drift hits the
 choice. The bits are the same under every choice (tests/gpu/test_fast_tiles.py). CUDA only.
 
 Usage: python benchmarks/bench_tiles.py [--configs a,b] [--choices default,0,2,3/3/3/3/2/2] [--rounds 5] [--reps 5]
-(a choice: "default" (the rule), one variant for every GEMM, or seven joined by "/" in MokGemmKind order)
+(a choice: "default" (the rule), one variant for every GEMM, or seven joined by "/" in MokGemmKind order;
+optionally "@" and a tile order, raster M or N then swizzle 1/2/4/8, e.g. "default@N2": MOK_FAST_GEMM_RASTER
+and MOK_FAST_GEMM_SWIZZLE, which change only which CTA computes which tile)
 """
 from __future__ import annotations
 
@@ -41,17 +43,21 @@ def main() -> None:
         times = {ch: [] for ch in choices}
         for _ in range(a.rounds):
             for ch in choices:
-                if ch == "default":
+                variants, _, order = ch.partition("@")
+                if variants == "default":
                     os.environ.pop(_tiles.ENV, None)
                 else:
-                    os.environ[_tiles.ENV] = ch.replace("/", ",")
+                    os.environ[_tiles.ENV] = variants.replace("/", ",")
+                os.environ["MOK_FAST_GEMM_RASTER"], os.environ["MOK_FAST_GEMM_SWIZZLE"] = \
+                    (order[0], order[1:]) if order else ("M", "1")
                 times[ch].append(timed(meth.fwd_bwd, 2, a.reps))
         med = {ch: statistics.median(v) for ch, v in times.items()}
         ratio = f"{med['0'] / med['default']:.3f}x" if "0" in med and "default" in med else "-"
         print(f"| {name} | " + " | ".join(f"{med[ch]:.2f}" for ch in choices) + f" | {ratio} |", flush=True)
         del meth
         torch.cuda.empty_cache()
-    os.environ.pop(_tiles.ENV, None)
+    for var in (_tiles.ENV, "MOK_FAST_GEMM_RASTER", "MOK_FAST_GEMM_SWIZZLE"):
+        os.environ.pop(var, None)
 
 
 if __name__ == "__main__":

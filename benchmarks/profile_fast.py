@@ -77,7 +77,7 @@ def main():
         print(f"{c['name']}: kernel time of one fwd+bwd {s:.2f} ms, in launch order:")
         R, T, H, I, S = c["T"] * c["K"], c["T"], c["H"], c["I"], c["S"]
         one, two = 2 * H * (R * I + T * S), 2 * H * (R * 2 * I + T * 2 * S)
-        flops = iter([("gate/up", two), ("down", one), ("d_a + SwiGLU bwd", one), ("d_x", two), ("wgrad down", one),
+        flops = iter([("gate/up", two), ("down", one), ("d_a", one), ("d_x", two), ("wgrad down", one),
                       ("wgrad gate/up", two)])  # the GEMM launches in order (run_forward, run_backward)
         for e in last:
             ms, name = e.device_time_total / 1e3, short(e.name)

@@ -60,9 +60,10 @@ def schedule(topk_idx, E, e0, L, capacity, offsets, row_pair, pair_row, flag):
     flag.fill_(bad)
 
 
-def gather_rows(x_TH, row_pair, offsets, L, K, capacity, x_RH):
-    n = int(offsets[L])
-    x_RH[:n] = x_TH[row_pair[:n].long() // K]
+def gather_rows(x_TH, pair_row, capacity, x_RH):
+    K = pair_row.numel() // x_TH.shape[0]
+    placed = (pair_row >= 0) & (pair_row < capacity)
+    x_RH[pair_row[placed].long()] = x_TH[torch.nonzero(placed).flatten() // K]
 
 
 def _operand(op, e: int, row_off: int, rows: int, cols: int) -> torch.Tensor:

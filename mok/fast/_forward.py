@@ -110,7 +110,7 @@ def run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, r
     R = dims.T * dims.K if capacity is None else capacity
     sched = build_schedule(topk_idx, dims.E, R)
     x_RH = _empty(x.device, torch.bfloat16, R, dims.H)
-    _lib.gather_rows(x, sched.row_pair, sched.offsets, dims.E, dims.K, R, x_RH)
+    _lib.gather_rows(x, sched.pair_row, R, x_RH)
     gu, gu_s = gate_up(x, x_RH, sched, dims, routed_gate, routed_up, shared_gate, shared_up)
     a_RI, a_s = swiglu(gu, gu_s, sched, dims)
     o_RH, s_TH = down(a_RI, a_s, sched, dims, routed_down, shared_down)

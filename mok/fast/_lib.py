@@ -46,7 +46,7 @@ SIGNATURES = {
     "mok_grouped_gemm": (_i32, [_i32, _i32, ctypes.POINTER(MokSegment), _i32, _vp, _sz, _i32, _vp]),
     "mok_schedule_scratch_ints": (_sz, [_i32, _i32, _i32]),
     "mok_schedule": (_i32, [_vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp]),
-    "mok_gather_rows": (_i32, [_vp, _vp, _vp, _i32, _i32, _i32, _i32, _vp, _vp]),
+    "mok_gather_rows": (_i32, [_vp, _vp, _i32, _i32, _i32, _i32, _vp, _vp]),
     "mok_swiglu_fwd": (_i32, [_vp, _i64, _vp, _i32, _i32, _i32, _i32, _vp, _vp]),
     "mok_combine_fwd": (_i32, [_vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _vp]),
     "mok_combine_bwd_pre": (_i32, [_vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _vp, _vp]),
@@ -230,15 +230,18 @@ def schedule(topk_idx: torch.Tensor, E: int, e0: int, L: int, capacity: int, off
           _p(flag), _p(scratch))
 
 
-def gather_rows(x_TH, row_pair, offsets, L, K, capacity, x_RH) -> None:
-    """x_RH[r] = x_TH[row_pair[r] // K] for the rows placed (offsets[L])."""
+def gather_rows(x_TH, pair_row, capacity, x_RH) -> None:
+    """x_RH[pair_row[t*K + k]] = x_TH[t] for every pair placed (pair_row >= 0); x_TH [T, H] bf16, pair_row
+    int32 [T*K], x_RH [capacity, H] bf16 (the rows of pairs not placed are not written)."""
     dev = x_TH.device
     T, H = x_TH.shape
     _check_tensor("x_TH", x_TH, _BF16, dev)
-    _check_tensor("row_pair", row_pair, _I32, dev, numel=capacity)
-    _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
+    _check_tensor("pair_row", pair_row, _I32, dev)
+    if T and pair_row.numel() % T:
+        raise ValueError(f"pair_row: expected T*K entries for T={T}, got {pair_row.numel()}")
     _check_tensor("x_RH", x_RH, _BF16, dev, shape=(capacity, H))
-    _call("mok_gather_rows", dev, _p(x_TH), _p(row_pair), _p(offsets), L, K, H, capacity, _p(x_RH))
+    if T:
+        _call("mok_gather_rows", dev, _p(x_TH), _p(pair_row), T, pair_row.numel() // T, H, capacity, _p(x_RH))
 
 
 def swiglu_fwd(gu, offsets, L, fixed_rows, I, capacity, a) -> None:

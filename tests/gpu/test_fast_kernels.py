@@ -1,4 +1,4 @@
-"""The combine and SwiGLU kernels (csrc/elementwise.cu), called directly through mok.fast._lib, against
+"""The gather, combine and SwiGLU kernels (csrc/elementwise.cu), called directly through mok.fast._lib, against
 small PyTorch formulations with the kernels' rounding order.
 
 - combine_fwd, combine_bwd_pre, combine_bwd_dx: every product and sum is one separately rounded fp32
@@ -130,6 +130,30 @@ SHAPES = [
     (4, 4, 9000),   # 1125 vectors on 1024 threads: threads 0..100 take a second vector
     (2, 6, 7168),   # a real hidden size (896 threads, 28 warps)
 ]
+
+
+@pytest.mark.parametrize("T,K,H", SHAPES)
+@pytest.mark.parametrize("missing", [None, (0, 0)])  # every pair placed; pair (0, 0) not placed (no row written)
+def test_gather_rows_copies_each_token_to_its_rows(T, K, H, missing):
+    g = torch.Generator().manual_seed(T * 1000 + K * 10 + H + 3)
+    cap = T * K + 3  # rows no pair maps to keep the sentinel
+    x = torch.randn(T, H, generator=g).bfloat16()
+    pair_row = _pair_rows(T, K, cap, g, missing)
+    want = torch.full((cap, H), SENTINEL, dtype=torch.bfloat16)
+    placed = pair_row >= 0
+    want[pair_row[placed].long()] = x[torch.nonzero(placed).flatten() // K]
+    out = want.new_full((cap, H), SENTINEL).cuda()
+    _lib.gather_rows(*_cuda(x, pair_row), cap, out)
+    assert_bitwise_equal(out.cpu(), want, "x_RH")
+
+
+def test_gather_rows_bad_pair_row_names_it():
+    x = torch.zeros(3, 8, dtype=torch.bfloat16, device="cuda")
+    out = torch.zeros(8, 8, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="pair_row"):
+        _lib.gather_rows(x, torch.zeros(7, dtype=torch.int32, device="cuda"), 8, out)
+    with pytest.raises(TypeError, match="pair_row"):
+        _lib.gather_rows(x, torch.zeros(6, dtype=torch.int64, device="cuda"), 8, out)
 
 
 @pytest.mark.parametrize("T,K,H", SHAPES)

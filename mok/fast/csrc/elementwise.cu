@@ -39,14 +39,23 @@ union Vec8 {
 };
 
 // x_RH[r] = x_TH[row_pair[r] / K] for r < offsets[L]; one block per row.
-__global__ void gather_rows_k(const uint4* x, const int* row_pair, const int* offsets, int L, int K,
-                              int H8, uint4* out) {
-  int r = blockIdx.x;
-  if (r >= offsets[L]) return;
-  int t = row_pair[r] / K;
+// x_RH[pair_row[t*K + k]] = x[t] for each placed pair (pair_row >= 0), one block per token: the token's row is
+// read once and written to its K rows (reading it once per row instead re-reads x from DRAM K times when x
+// does not fit in L2).
+__global__ void gather_rows_k(const uint4* __restrict__ x, const int* pair_row, int K, int H8, int capacity,
+                              uint4* __restrict__ out) {
+  extern __shared__ int rows_[];
+  int t = blockIdx.x;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) rows_[k] = pair_row[(int64_t)t * K + k];
+  __syncthreads();
   const uint4* src = x + (int64_t)t * H8;
-  uint4* dst = out + (int64_t)r * H8;
-  for (int i = threadIdx.x; i < H8; i += blockDim.x) dst[i] = src[i];
+  for (int i = threadIdx.x; i < H8; i += blockDim.x) {
+    uint4 v = src[i];
+    for (int k = 0; k < K; ++k) {
+      int r = rows_[k];
+      if (r >= 0 && r < capacity) out[(int64_t)r * H8 + i] = v;
+    }
+  }
 }
 
 // a[r, i] = bf16(silu(g) * u), g = gu[r, i], u = gu[r, I + i] (fp32, row stride ld); 4 per thread.
@@ -67,10 +76,13 @@ __global__ void swiglu_fwd_k(const float* gu, int64_t ld, const int* offsets, in
   }
 }
 
+// Row loads the combine kernels keep in flight per thread (each 16 bytes) before summing them in k order.
+constexpr int kLoadsAhead = 8;
+
 // y[t] = bf16(((s + w0*o0) + w1*o1) + ...), fp32, shared first then k ascending; 8 h per thread.
 // Dynamic shared memory: K ints (rows) + K floats (weights).
-__global__ void combine_fwd_k(const bf16* s, const bf16* o, const float* w, const int* pair_row,
-                              const int* flag, int K, int H, bf16* y) {
+__global__ void __launch_bounds__(1024) combine_fwd_k(const bf16* __restrict__ s, const bf16* __restrict__ o, const float* w,
+                              const int* pair_row, const int* flag, int K, int H, bf16* __restrict__ y) {
   extern __shared__ int smem[];
   int* rows = smem;
   float* ws = reinterpret_cast<float*>(smem + K);
@@ -88,13 +100,19 @@ __global__ void combine_fwd_k(const bf16* s, const bf16* o, const float* w, cons
     if (s) v.u = *reinterpret_cast<const uint4*>(s + (int64_t)t * H + h);
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j] = s ? __bfloat162float(v.h[j]) : 0.0f;
-    for (int k = 0; k < K; ++k) {
-      const int r = rows[k];
-      if (r < 0) continue;
-      Vec8 ov;
-      ov.u = *reinterpret_cast<const uint4*>(o + (int64_t)r * H + h);
+    for (int k0 = 0; k0 < K; k0 += kLoadsAhead) {
+      Vec8 ov[kLoadsAhead];  // the loads of up to kLoadsAhead slots in flight, then summed in k order
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(ws[k], __bfloat162float(ov.h[j])));
+      for (int c = 0; c < kLoadsAhead; ++c)
+        if (k0 + c < K && rows[k0 + c] >= 0)
+          ov[c].u = *reinterpret_cast<const uint4*>(o + (int64_t)rows[k0 + c] * H + h);
+#pragma unroll
+      for (int c = 0; c < kLoadsAhead; ++c) {
+        const int k = k0 + c;
+        if (k >= K || rows[k] < 0) continue;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(ws[k], __bfloat162float(ov[c].h[j])));
+      }
     }
     Vec8 out;
 #pragma unroll
@@ -107,10 +125,11 @@ __global__ void combine_fwd_k(const bf16* s, const bf16* o, const float* w, cons
 // Fixed reduction order: each thread sums its h in increasing order, then a butterfly over the
 // warp's lanes, then the warps' sums in warp order. All K slots are reduced together (kChunk at
 // a time), so a token costs two barriers per chunk, not a tree per slot.
-template <int kChunk>
-__global__ void combine_bwd_pre_k(const bf16* dy, const bf16* o, const float* w,
+template <int kChunk, int kPreLoads = 4>
+__global__ void __launch_bounds__(1024) combine_bwd_pre_k(const bf16* __restrict__ dy, const bf16* __restrict__ o, const float* w,
                                   const int* pair_row, const int* flag, int K, int H, float* d_w,
-                                  bf16* go) {
+                                  bf16* __restrict__ go) {
+  static_assert(kChunk % kPreLoads == 0, "slots are loaded kPreLoads at a time");
   __shared__ float warp_sum[32][kChunk];
   const int kThreads = blockDim.x, kWarps = blockDim.x / 32;
   const int t = blockIdx.x;
@@ -134,16 +153,23 @@ __global__ void combine_bwd_pre_k(const bf16* dy, const bf16* o, const float* w,
 #pragma unroll
       for (int i = 0; i < 8; ++i) df[i] = __bfloat162float(d.h[i]);
 #pragma unroll
-      for (int j = 0; j < kChunk; ++j) {
-        if (rows[j] < 0) continue;
-        Vec8 ov, g;
-        ov.u = *reinterpret_cast<const uint4*>(o + (int64_t)rows[j] * H + h);
+      for (int j0 = 0; j0 < kChunk; j0 += kPreLoads) {
+        Vec8 ov[kPreLoads];  // these slots' loads issued before their first use (o and go never alias)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          acc[j] = __fadd_rn(acc[j], __fmul_rn(df[i], __bfloat162float(ov.h[i])));
-          g.h[i] = __float2bfloat16_rn(bad ? nanf_() : __fmul_rn(wk[j], df[i]));
+        for (int c = 0; c < kPreLoads; ++c)
+          if (rows[j0 + c] >= 0) ov[c].u = *reinterpret_cast<const uint4*>(o + (int64_t)rows[j0 + c] * H + h);
+#pragma unroll
+        for (int c = 0; c < kPreLoads; ++c) {
+          const int j = j0 + c;
+          if (rows[j] < 0) continue;
+          Vec8 g;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            acc[j] = __fadd_rn(acc[j], __fmul_rn(df[i], __bfloat162float(ov[c].h[i])));
+            g.h[i] = __float2bfloat16_rn(bad ? nanf_() : __fmul_rn(wk[j], df[i]));
+          }
+          *reinterpret_cast<uint4*>(go + (int64_t)rows[j] * H + h) = g.u;
         }
-        *reinterpret_cast<uint4*>(go + (int64_t)rows[j] * H + h) = g.u;
       }
     }
 #pragma unroll
@@ -184,23 +210,32 @@ __global__ void swiglu_bwd_k(const float* da, const float* gu, int64_t ld, const
 }
 
 // d_x[t] = bf16(((dxs + dx_0) + dx_1) + ...), fp32, shared first then k ascending; 8 h per thread.
-__global__ void combine_bwd_dx_k(const bf16* dxs, const bf16* dx, const int* pair_row,
-                                 const int* flag, int K, int H, bf16* out) {
+__global__ void __launch_bounds__(1024) combine_bwd_dx_k(const bf16* __restrict__ dxs, const bf16* __restrict__ dx, const int* pair_row,
+                                 const int* flag, int K, int H, bf16* __restrict__ out) {
+  extern __shared__ int rows[];
   const int t = blockIdx.x;
   bool bad = *flag != 0;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) rows[k] = pair_row[(int64_t)t * K + k];
+  __syncthreads();
+  for (int k = 0; k < K; ++k) bad |= rows[k] < 0;
   for (int h = 8 * threadIdx.x; h < H; h += 8 * blockDim.x) {
     float acc[8];
     Vec8 v;
     if (dxs) v.u = *reinterpret_cast<const uint4*>(dxs + (int64_t)t * H + h);
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j] = dxs ? __bfloat162float(v.h[j]) : 0.0f;
-    for (int k = 0; k < K; ++k) {
-      int r = pair_row[(int64_t)t * K + k];
-      if (r < 0) { bad = true; continue; }
-      Vec8 xv;
-      xv.u = *reinterpret_cast<const uint4*>(dx + (int64_t)r * H + h);
+    for (int k0 = 0; k0 < K; k0 += kLoadsAhead) {
+      Vec8 xv[kLoadsAhead];  // as in combine_fwd_k: loads in flight together, summed in k order
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __bfloat162float(xv.h[j]));
+      for (int c = 0; c < kLoadsAhead; ++c)
+        if (k0 + c < K && rows[k0 + c] >= 0)
+          xv[c].u = *reinterpret_cast<const uint4*>(dx + (int64_t)rows[k0 + c] * H + h);
+#pragma unroll
+      for (int c = 0; c < kLoadsAhead; ++c) {
+        if (k0 + c >= K || rows[k0 + c] < 0) continue;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __bfloat162float(xv[c].h[j]));
+      }
     }
     Vec8 o8;
 #pragma unroll
@@ -260,12 +295,12 @@ __global__ void cast_pair_bf16_scalar_k(const float* first, const float* second,
 
 extern "C" {
 
-int mok_gather_rows(const void* x_TH, const int* row_pair, const int* offsets, int L, int K, int H,
-                    int capacity, void* x_RH, cudaStream_t stream) {
+int mok_gather_rows(const void* x_TH, const int* pair_row, int T, int K, int H, int capacity, void* x_RH,
+                    cudaStream_t stream) {
   if (H % 8) return mok::set_error("gather_rows: H=%d not a multiple of 8", H);
-  if (capacity == 0) return 0;
-  gather_rows_k<<<capacity, 128, 0, stream>>>(static_cast<const uint4*>(x_TH), row_pair, offsets,
-                                              L, K, H / 8, static_cast<uint4*>(x_RH));
+  if (T == 0 || capacity == 0) return 0;
+  gather_rows_k<<<T, 128, K * sizeof(int), stream>>>(static_cast<const uint4*>(x_TH), pair_row, K, H / 8,
+                                                     capacity, static_cast<uint4*>(x_RH));
   MOK_CHECK_LAUNCH("gather_rows");
   return 0;
 }
@@ -311,7 +346,7 @@ int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* o
 int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_row,
                        const int* flag, int T, int K, int H, void* dx_TH, cudaStream_t stream) {
   if (T == 0) return 0;
-  combine_bwd_dx_k<<<T, token_threads(H), 0, stream>>>(static_cast<const bf16*>(dxs_TH),
+  combine_bwd_dx_k<<<T, token_threads(H), (size_t)K * sizeof(int), stream>>>(static_cast<const bf16*>(dxs_TH),
                                           static_cast<const bf16*>(dx_RH), pair_row, flag, K, H,
                                           static_cast<bf16*>(dx_TH));
   MOK_CHECK_LAUNCH("combine_bwd_dx");

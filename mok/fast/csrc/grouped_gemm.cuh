@@ -5,6 +5,7 @@
 // range in order (no split-K, no atomics): results are bitwise reproducible and batch invariant.
 #pragma once
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -28,6 +29,28 @@
 namespace mok {
 
 using namespace cute;
+
+// The order in which the persistent CTAs walk the output tiles (CUTLASS's group tile scheduler: raster along M
+// or N inside each group, swizzle 1/2/4/8). Only which CTA computes which tile changes, never how a tile is
+// computed, so every choice gives the same bits. CUTLASS's default (along M, swizzle 1) unless
+// MOK_FAST_GEMM_RASTER=M|N or MOK_FAST_GEMM_SWIZZLE=1|2|4|8 say otherwise (a benchmark knob: none of them was
+// faster, benchmarks/RESULTS.md run 8); read at each launch. Returns false for any other value.
+template <class SchedulerArgs>
+inline bool tile_order(SchedulerArgs& sched) {
+  using cutlass::gemm::kernel::detail::RasterOrderOptions;
+  const char* r = std::getenv("MOK_FAST_GEMM_RASTER");
+  if (r != nullptr && *r != 0) {
+    if (std::strcmp(r, "N") == 0) sched.raster_order = RasterOrderOptions::AlongN;
+    else if (std::strcmp(r, "M") == 0) sched.raster_order = RasterOrderOptions::AlongM;
+    else return false;
+  }
+  const char* z = std::getenv("MOK_FAST_GEMM_SWIZZLE");
+  if (z != nullptr && *z != 0) {
+    if (std::strlen(z) != 1 || (z[0] != '1' && z[0] != '2' && z[0] != '4' && z[0] != '8')) return false;
+    sched.max_swizzle_size = z[0] - '0';
+  }
+  return true;
+}
 
 // Epilogues: D = the accumulator rounded to D's type (CUTLASS's TMA epilogue), or the SwiGLU backward of
 // it (epilogue_swiglu_bwd.cuh: D bf16 [dg | du], reading C = the fp32 [g | u] pre-activations).
@@ -219,6 +242,8 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return set_error("fill_group_args: %s", cudaGetErrorString(err));
   auto args = G::make_args(arr, groups, device);
+  if (!tile_order(args.scheduler))
+    return set_error("MOK_FAST_GEMM_RASTER / MOK_FAST_GEMM_SWIZZLE: expected M or N / 1, 2, 4 or 8");
   char* cutlass_ws = static_cast<char*>(workspace) + G::arrays_bytes(groups);
   cutlass_ws = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(cutlass_ws) + 127) & ~uintptr_t(127));
   typename G::Gemm gemm;

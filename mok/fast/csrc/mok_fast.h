@@ -75,8 +75,9 @@ int mok_schedule(const int64_t* topk_idx, int T, int K, int E, int e0, int L, in
                  cudaStream_t stream);
 
 // Elementwise / gather / combine kernels (csrc/elementwise.cu); all bf16 = uint16 storage.
-int mok_gather_rows(const void* x_TH, const int* row_pair, const int* offsets, int L, int K, int H,
-                    int capacity, void* x_RH, cudaStream_t stream);
+// x_RH [capacity, H] row pair_row[t*K + k] = x_TH [T, H] row t, for every pair placed (pair_row >= 0).
+int mok_gather_rows(const void* x_TH, const int* pair_row, int T, int K, int H, int capacity, void* x_RH,
+                    cudaStream_t stream);
 // SwiGLU rows: offsets[L] of the schedule's offsets (rows placed) when offsets is non-null, else
 // fixed_rows; the grid covers `capacity` rows.
 int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* offsets, int L, int fixed_rows, int I,
