@@ -1,7 +1,8 @@
 """Every tile variant of the grouped GEMMs (csrc/grouped_gemm.cuh, chosen in mok/fast/_tiles.py) gives the
 same bits: the fast layer's 9 outputs, with fp32 and with bf16 weight gradients (every GEMM kind the layer runs), under
 each variant forced through MOK_FAST_GEMM_VARIANT, against variant 0, on shapes with uneven and empty
-experts and token counts that are not multiples of 128."""
+experts and token counts that are not multiples of 128. So does every tile order (MOK_FAST_GEMM_RASTER /
+MOK_FAST_GEMM_SWIZZLE), and a bad order is an error naming the variables."""
 import pytest
 import torch
 
@@ -50,3 +51,31 @@ def test_the_default_choice_gives_variant_zeros_bits(monkeypatch):
     for name, t in want.items():
         if t is not None:
             assert_bitwise_equal(got[name], t, f"default choice: {name}")
+
+
+@pytest.mark.parametrize("raster, swizzle", [
+    ("N", "1"),  # raster along N
+    ("M", "4"),  # along M, swizzle 4 (CUTLASS pads the tile grid to a multiple of 4 CTAs)
+    ("N", "8"),  # along N, swizzle 8
+])
+def test_tile_order_gives_the_same_bits(monkeypatch, raster, swizzle):
+    inputs = make_inputs(SHAPES[2], 2, device="cuda")
+    want = _outputs(inputs)
+    monkeypatch.setenv("MOK_FAST_GEMM_RASTER", raster)
+    monkeypatch.setenv("MOK_FAST_GEMM_SWIZZLE", swizzle)
+    got = _outputs(inputs)
+    for name, t in want.items():
+        if t is not None:
+            assert_bitwise_equal(got[name], t, f"tile order {raster}{swizzle}: {name}")
+
+
+@pytest.mark.parametrize("var, value", [
+    ("MOK_FAST_GEMM_RASTER", "K"),    # neither M nor N
+    ("MOK_FAST_GEMM_SWIZZLE", "3"),   # not a power of two up to 8
+    ("MOK_FAST_GEMM_SWIZZLE", "16"),  # too large
+])
+def test_bad_tile_order_is_an_error_naming_the_variable(monkeypatch, var, value):
+    inputs = make_inputs(SHAPES[0], 3, device="cuda")
+    monkeypatch.setenv(var, value)
+    with pytest.raises(RuntimeError, match=var):
+        fast.forward(*(inputs[a] for a in LAYER_ARGS))

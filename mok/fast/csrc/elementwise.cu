@@ -39,6 +39,12 @@ union Vec8 {
 };
 
 // x_RH[r] = x_TH[row_pair[r] / K] for r < offsets[L]; one block per row.
+// Row loads the combine kernels keep in flight per thread (each 16 bytes) before summing them in k order.
+constexpr int kLoadsAhead = 8;
+// Per-token tables in dynamic shared memory (rows, weights) get kLoadsAhead entries past K: the compiler may
+// read a few entries ahead of a guarded loop (compute-sanitizer flags such a read past the allocation).
+inline int padded_k(int K) { return K + kLoadsAhead; }
+
 // x_RH[pair_row[t*K + k]] = x[t] for each placed pair (pair_row >= 0), one block per token: the token's row is
 // read once and written to its K rows (reading it once per row instead re-reads x from DRAM K times when x
 // does not fit in L2).
@@ -76,16 +82,14 @@ __global__ void swiglu_fwd_k(const float* gu, int64_t ld, const int* offsets, in
   }
 }
 
-// Row loads the combine kernels keep in flight per thread (each 16 bytes) before summing them in k order.
-constexpr int kLoadsAhead = 8;
 
 // y[t] = bf16(((s + w0*o0) + w1*o1) + ...), fp32, shared first then k ascending; 8 h per thread.
-// Dynamic shared memory: K ints (rows) + K floats (weights).
+// Dynamic shared memory: padded_k(K) ints (rows), then padded_k(K) floats (weights).
 __global__ void __launch_bounds__(1024) combine_fwd_k(const bf16* __restrict__ s, const bf16* __restrict__ o, const float* w,
                               const int* pair_row, const int* flag, int K, int H, bf16* __restrict__ y) {
   extern __shared__ int smem[];
   int* rows = smem;
-  float* ws = reinterpret_cast<float*>(smem + K);
+  float* ws = reinterpret_cast<float*>(smem + K + kLoadsAhead);  // padded_k(K) entries each
   const int t = blockIdx.x;
   bool bad = *flag != 0;
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
@@ -299,7 +303,7 @@ int mok_gather_rows(const void* x_TH, const int* pair_row, int T, int K, int H, 
                     cudaStream_t stream) {
   if (H % 8) return mok::set_error("gather_rows: H=%d not a multiple of 8", H);
   if (T == 0 || capacity == 0) return 0;
-  gather_rows_k<<<T, 128, K * sizeof(int), stream>>>(static_cast<const uint4*>(x_TH), pair_row, K, H / 8,
+  gather_rows_k<<<T, 128, padded_k(K) * sizeof(int), stream>>>(static_cast<const uint4*>(x_TH), pair_row, K, H / 8,
                                                      capacity, static_cast<uint4*>(x_RH));
   MOK_CHECK_LAUNCH("gather_rows");
   return 0;
@@ -317,7 +321,7 @@ int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* offsets, int L, in
 int mok_combine_fwd(const void* s_TH, const void* o_RH, const float* w_TK, const int* pair_row,
                     const int* flag, int T, int K, int H, void* y_TH, cudaStream_t stream) {
   if (T == 0) return 0;
-  combine_fwd_k<<<T, token_threads(H), (size_t)K * 8, stream>>>(static_cast<const bf16*>(s_TH), static_cast<const bf16*>(o_RH),
+  combine_fwd_k<<<T, token_threads(H), (size_t)padded_k(K) * 8, stream>>>(static_cast<const bf16*>(s_TH), static_cast<const bf16*>(o_RH),
                                        w_TK, pair_row, flag, K, H, static_cast<bf16*>(y_TH));
   MOK_CHECK_LAUNCH("combine_fwd");
   return 0;
@@ -346,7 +350,7 @@ int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* o
 int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_row,
                        const int* flag, int T, int K, int H, void* dx_TH, cudaStream_t stream) {
   if (T == 0) return 0;
-  combine_bwd_dx_k<<<T, token_threads(H), (size_t)K * sizeof(int), stream>>>(static_cast<const bf16*>(dxs_TH),
+  combine_bwd_dx_k<<<T, token_threads(H), (size_t)padded_k(K) * sizeof(int), stream>>>(static_cast<const bf16*>(dxs_TH),
                                           static_cast<const bf16*>(dx_RH), pair_row, flag, K, H,
                                           static_cast<bf16*>(dx_TH));
   MOK_CHECK_LAUNCH("combine_bwd_dx");
