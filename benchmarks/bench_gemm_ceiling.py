@@ -77,7 +77,8 @@ def bench_config(name, c, a, variants, orders, dev) -> None:
         out = outs[dtype]
         xa = Operand(x, 0, H, H)
         if grouping == "E x 2I":
-            segs = [Segment.expert_rows(offsets, E, 2 * I, H, xa, Operand(w, 2 * I * H, 0, H), Operand(out, 0, 2 * I, 2 * I))]
+            segs = [Segment.expert_rows(offsets, E, 2 * I, H, xa, Operand(w, 2 * I * H, 0, H),
+                                        Operand(out, 0, 2 * I, 2 * I))]
         elif grouping == "2E x I":
             segs = [Segment.expert_rows(offsets, E, I, H, xa, Operand(w, 2 * I * H, 0, H, offset=h * I * H),
                                         Operand(out, 0, 2 * I, 2 * I, offset=h * I)) for h in (0, 1)]

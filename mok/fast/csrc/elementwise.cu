@@ -38,7 +38,6 @@ union Vec8 {
   bf16 h[8];
 };
 
-// x_RH[r] = x_TH[row_pair[r] / K] for r < offsets[L]; one block per row.
 // Row loads the combine kernels keep in flight per thread (each 16 bytes) before summing them in k order.
 constexpr int kLoadsAhead = 8;
 // Per-token tables in dynamic shared memory (rows, weights) get kLoadsAhead entries past K: the compiler may
@@ -82,11 +81,11 @@ __global__ void swiglu_fwd_k(const float* gu, int64_t ld, const int* offsets, in
   }
 }
 
-
 // y[t] = bf16(((s + w0*o0) + w1*o1) + ...), fp32, shared first then k ascending; 8 h per thread.
 // Dynamic shared memory: padded_k(K) ints (rows), then padded_k(K) floats (weights).
-__global__ void __launch_bounds__(1024) combine_fwd_k(const bf16* __restrict__ s, const bf16* __restrict__ o, const float* w,
-                              const int* pair_row, const int* flag, int K, int H, bf16* __restrict__ y) {
+__global__ void __launch_bounds__(1024)
+combine_fwd_k(const bf16* __restrict__ s, const bf16* __restrict__ o, const float* w, const int* pair_row,
+              const int* flag, int K, int H, bf16* __restrict__ y) {
   extern __shared__ int smem[];
   int* rows = smem;
   float* ws = reinterpret_cast<float*>(smem + K + kLoadsAhead);  // padded_k(K) entries each
@@ -130,9 +129,9 @@ __global__ void __launch_bounds__(1024) combine_fwd_k(const bf16* __restrict__ s
 // warp's lanes, then the warps' sums in warp order. All K slots are reduced together (kChunk at
 // a time), so a token costs two barriers per chunk, not a tree per slot.
 template <int kChunk, int kPreLoads = 4>
-__global__ void __launch_bounds__(1024) combine_bwd_pre_k(const bf16* __restrict__ dy, const bf16* __restrict__ o, const float* w,
-                                  const int* pair_row, const int* flag, int K, int H, float* d_w,
-                                  bf16* __restrict__ go) {
+__global__ void __launch_bounds__(1024)
+combine_bwd_pre_k(const bf16* __restrict__ dy, const bf16* __restrict__ o, const float* w, const int* pair_row,
+                  const int* flag, int K, int H, float* d_w, bf16* __restrict__ go) {
   static_assert(kChunk % kPreLoads == 0, "slots are loaded kPreLoads at a time");
   __shared__ float warp_sum[32][kChunk];
   const int kThreads = blockDim.x, kWarps = blockDim.x / 32;
@@ -214,8 +213,9 @@ __global__ void swiglu_bwd_k(const float* da, const float* gu, int64_t ld, const
 }
 
 // d_x[t] = bf16(((dxs + dx_0) + dx_1) + ...), fp32, shared first then k ascending; 8 h per thread.
-__global__ void __launch_bounds__(1024) combine_bwd_dx_k(const bf16* __restrict__ dxs, const bf16* __restrict__ dx, const int* pair_row,
-                                 const int* flag, int K, int H, bf16* __restrict__ out) {
+__global__ void __launch_bounds__(1024)
+combine_bwd_dx_k(const bf16* __restrict__ dxs, const bf16* __restrict__ dx, const int* pair_row, const int* flag,
+                 int K, int H, bf16* __restrict__ out) {
   extern __shared__ int rows[];
   const int t = blockIdx.x;
   bool bad = *flag != 0;
@@ -321,8 +321,9 @@ int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* offsets, int L, in
 int mok_combine_fwd(const void* s_TH, const void* o_RH, const float* w_TK, const int* pair_row,
                     const int* flag, int T, int K, int H, void* y_TH, cudaStream_t stream) {
   if (T == 0) return 0;
-  combine_fwd_k<<<T, token_threads(H), (size_t)padded_k(K) * 8, stream>>>(static_cast<const bf16*>(s_TH), static_cast<const bf16*>(o_RH),
-                                       w_TK, pair_row, flag, K, H, static_cast<bf16*>(y_TH));
+  combine_fwd_k<<<T, token_threads(H), (size_t)padded_k(K) * 8, stream>>>(
+      static_cast<const bf16*>(s_TH), static_cast<const bf16*>(o_RH), w_TK, pair_row, flag, K, H,
+      static_cast<bf16*>(y_TH));
   MOK_CHECK_LAUNCH("combine_fwd");
   return 0;
 }
