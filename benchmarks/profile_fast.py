@@ -23,6 +23,8 @@ def short(name: str) -> str:
         return "cutlass grouped GEMM " + ("pingpong" if "Pingpong" in name else "cooperative") + \
             (" SwiGLU-bwd epilogue" if "SwigluBwdEpilogue" in name else
              " f32-out" if "LinearCombinationIffvf" in name else " bf16-out")
+    if "combine_rows_k<" in name:  # one kernel template: the forward combine (weighted) or the d_x combine
+        return "combine_rows_k<true> (combine)" if "<true>" in name else "combine_rows_k<false> (d_x combine)"
     return name.replace("(anonymous namespace)::", "").replace("void ", "").split("(")[0].split("<")[0][:60]
 
 

@@ -42,7 +42,7 @@ union Vec8 {
 constexpr int kLoadsAhead = 8;
 // Per-token tables in dynamic shared memory (rows, weights) get kLoadsAhead entries past K: the compiler may
 // read a few entries ahead of a guarded loop (compute-sanitizer flags such a read past the allocation).
-inline int padded_k(int K) { return K + kLoadsAhead; }
+__host__ __device__ inline int padded_k(int K) { return K + kLoadsAhead; }
 
 // x_RH[pair_row[t*K + k]] = x[t] for each placed pair (pair_row >= 0), one block per token: the token's row is
 // read once and written to its K rows (reading it once per row instead re-reads x from DRAM K times when x
@@ -81,46 +81,54 @@ __global__ void swiglu_fwd_k(const float* gu, int64_t ld, const int* offsets, in
   }
 }
 
-// y[t] = bf16(((s + w0*o0) + w1*o1) + ...), fp32, shared first then k ascending; 8 h per thread.
-// Dynamic shared memory: padded_k(K) ints (rows), then padded_k(K) floats (weights).
+// out[t] = bf16(((first + w_0*r_0) + w_1*r_1) + ...), r_k the row pair_row[t*K + k] of r; fp32, `first` (if
+// given) first, then k ascending; every product and sum separately rounded; NaN when the flag is set or a
+// pair is not placed. kWeighted: the forward combine (first = s, r = o, weights w); else the d_x combine
+// (first = dx_s, r = dx rows, no products). 8 h per thread; each thread issues the loads of up to kLoadsAhead
+// rows before summing them. Dynamic shared memory: padded_k(K) ints (rows), then (kWeighted) padded_k(K)
+// floats (weights).
+template <bool kWeighted>
 __global__ void __launch_bounds__(1024)
-combine_fwd_k(const bf16* __restrict__ s, const bf16* __restrict__ o, const float* w, const int* pair_row,
-              const int* flag, int K, int H, bf16* __restrict__ y) {
+combine_rows_k(const bf16* __restrict__ first, const bf16* __restrict__ r, const float* w, const int* pair_row,
+               const int* flag, int K, int H, bf16* __restrict__ out) {
   extern __shared__ int smem[];
   int* rows = smem;
-  float* ws = reinterpret_cast<float*>(smem + K + kLoadsAhead);  // padded_k(K) entries each
+  float* ws = reinterpret_cast<float*>(smem + padded_k(K));
   const int t = blockIdx.x;
   bool bad = *flag != 0;
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
     rows[k] = pair_row[(int64_t)t * K + k];
-    ws[k] = w[(int64_t)t * K + k];
+    if (kWeighted) ws[k] = w[(int64_t)t * K + k];
   }
   __syncthreads();
   for (int k = 0; k < K; ++k) bad |= rows[k] < 0;
   for (int h = 8 * threadIdx.x; h < H; h += 8 * blockDim.x) {
     float acc[8];
     Vec8 v;
-    if (s) v.u = *reinterpret_cast<const uint4*>(s + (int64_t)t * H + h);
+    if (first) v.u = *reinterpret_cast<const uint4*>(first + (int64_t)t * H + h);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = s ? __bfloat162float(v.h[j]) : 0.0f;
+    for (int j = 0; j < 8; ++j) acc[j] = first ? __bfloat162float(v.h[j]) : 0.0f;
     for (int k0 = 0; k0 < K; k0 += kLoadsAhead) {
-      Vec8 ov[kLoadsAhead];  // the loads of up to kLoadsAhead slots in flight, then summed in k order
+      Vec8 rv[kLoadsAhead];  // the loads of up to kLoadsAhead rows in flight, then summed in k order
 #pragma unroll
       for (int c = 0; c < kLoadsAhead; ++c)
         if (k0 + c < K && rows[k0 + c] >= 0)
-          ov[c].u = *reinterpret_cast<const uint4*>(o + (int64_t)rows[k0 + c] * H + h);
+          rv[c].u = *reinterpret_cast<const uint4*>(r + (int64_t)rows[k0 + c] * H + h);
 #pragma unroll
       for (int c = 0; c < kLoadsAhead; ++c) {
         const int k = k0 + c;
         if (k >= K || rows[k] < 0) continue;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(ws[k], __bfloat162float(ov[c].h[j])));
+        for (int j = 0; j < 8; ++j) {
+          const float x = __bfloat162float(rv[c].h[j]);
+          acc[j] = __fadd_rn(acc[j], kWeighted ? __fmul_rn(ws[k], x) : x);
+        }
       }
     }
-    Vec8 out;
+    Vec8 o8;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) out.h[j] = __float2bfloat16_rn(bad ? nanf_() : acc[j]);
-    *reinterpret_cast<uint4*>(y + (int64_t)t * H + h) = out.u;
+    for (int j = 0; j < 8; ++j) o8.h[j] = __float2bfloat16_rn(bad ? nanf_() : acc[j]);
+    *reinterpret_cast<uint4*>(out + (int64_t)t * H + h) = o8.u;
   }
 }
 
@@ -212,42 +220,6 @@ __global__ void swiglu_bwd_k(const float* da, const float* gu, int64_t ld, const
   }
 }
 
-// d_x[t] = bf16(((dxs + dx_0) + dx_1) + ...), fp32, shared first then k ascending; 8 h per thread.
-__global__ void __launch_bounds__(1024)
-combine_bwd_dx_k(const bf16* __restrict__ dxs, const bf16* __restrict__ dx, const int* pair_row, const int* flag,
-                 int K, int H, bf16* __restrict__ out) {
-  extern __shared__ int rows[];
-  const int t = blockIdx.x;
-  bool bad = *flag != 0;
-  for (int k = threadIdx.x; k < K; k += blockDim.x) rows[k] = pair_row[(int64_t)t * K + k];
-  __syncthreads();
-  for (int k = 0; k < K; ++k) bad |= rows[k] < 0;
-  for (int h = 8 * threadIdx.x; h < H; h += 8 * blockDim.x) {
-    float acc[8];
-    Vec8 v;
-    if (dxs) v.u = *reinterpret_cast<const uint4*>(dxs + (int64_t)t * H + h);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = dxs ? __bfloat162float(v.h[j]) : 0.0f;
-    for (int k0 = 0; k0 < K; k0 += kLoadsAhead) {
-      Vec8 xv[kLoadsAhead];  // as in combine_fwd_k: loads in flight together, summed in k order
-#pragma unroll
-      for (int c = 0; c < kLoadsAhead; ++c)
-        if (k0 + c < K && rows[k0 + c] >= 0)
-          xv[c].u = *reinterpret_cast<const uint4*>(dx + (int64_t)rows[k0 + c] * H + h);
-#pragma unroll
-      for (int c = 0; c < kLoadsAhead; ++c) {
-        if (k0 + c >= K || rows[k0 + c] < 0) continue;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __bfloat162float(xv[c].h[j]));
-      }
-    }
-    Vec8 o8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) o8.h[j] = __float2bfloat16_rn(bad ? nanf_() : acc[j]);
-    *reinterpret_cast<uint4*>(out + (int64_t)t * H + h) = o8.u;
-  }
-}
-
 __global__ void zero_empty_k(uint16_t* d, const int* offsets, int64_t per_expert) {
   int e = blockIdx.y;
   if (offsets[e + 1] != offsets[e]) return;
@@ -321,7 +293,7 @@ int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* offsets, int L, in
 int mok_combine_fwd(const void* s_TH, const void* o_RH, const float* w_TK, const int* pair_row,
                     const int* flag, int T, int K, int H, void* y_TH, cudaStream_t stream) {
   if (T == 0) return 0;
-  combine_fwd_k<<<T, token_threads(H), (size_t)padded_k(K) * 8, stream>>>(
+  combine_rows_k<true><<<T, token_threads(H), (size_t)padded_k(K) * 8, stream>>>(
       static_cast<const bf16*>(s_TH), static_cast<const bf16*>(o_RH), w_TK, pair_row, flag, K, H,
       static_cast<bf16*>(y_TH));
   MOK_CHECK_LAUNCH("combine_fwd");
@@ -351,9 +323,9 @@ int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* o
 int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_row,
                        const int* flag, int T, int K, int H, void* dx_TH, cudaStream_t stream) {
   if (T == 0) return 0;
-  combine_bwd_dx_k<<<T, token_threads(H), (size_t)padded_k(K) * sizeof(int), stream>>>(static_cast<const bf16*>(dxs_TH),
-                                          static_cast<const bf16*>(dx_RH), pair_row, flag, K, H,
-                                          static_cast<bf16*>(dx_TH));
+  combine_rows_k<false><<<T, token_threads(H), (size_t)padded_k(K) * sizeof(int), stream>>>(
+      static_cast<const bf16*>(dxs_TH), static_cast<const bf16*>(dx_RH), nullptr, pair_row, flag, K, H,
+      static_cast<bf16*>(dx_TH));
   MOK_CHECK_LAUNCH("combine_bwd_dx");
   return 0;
 }
