@@ -4,7 +4,11 @@ process: fwd+bwd of the fast layer (gate/up as halves of one tensor, bf16 weight
 pair and with the fused kind in each tile variant (the other GEMMs in their default variant), interleaved
 round by round; median ms. Also checks that every choice gives the same d_x bits. CUDA only.
 
-Usage: python benchmarks/bench_fused.py [--configs a,b] [--variants 0,2,3] [--rounds 5] [--reps 5]
+With --forward: the gate/up GEMM with the SwiGLU in its epilogue (GEMM_TN_SWIGLU_FWD, on by default where it
+applies) against the gate/up GEMM and the swiglu_fwd kernel apart (MOK_FAST_FUSE_SWIGLU_FWD=0), forward and
+forward+backward ms, the same way (y and d_x bits checked equal).
+
+Usage: python benchmarks/bench_fused.py [--configs a,b] [--variants 0,2,3] [--rounds 5] [--reps 5] [--forward]
 """
 from __future__ import annotations
 
@@ -28,7 +32,12 @@ def main() -> None:
     ap.add_argument("--variants", default="0,2,3")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--forward", action="store_true", help="the fused gate/up + SwiGLU launch instead (see above)")
+    ap.add_argument("--fused-variant", type=int, default=None,
+                    help="with --forward: the fused launch's tile variant (default: the rule's; other GEMMs: the rule)")
     a = ap.parse_args()
+    if a.forward:
+        return forward_main(a)
     configs = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
     variants = [int(v) for v in a.variants.split(",")]
     os.environ.pop(_tiles.ENV, None)
@@ -72,6 +81,48 @@ def main() -> None:
         del meth
         torch.cuda.empty_cache()
     os.environ.pop(_tiles.FUSE_ENV, None)
+    os.environ.pop(_tiles.ENV, None)
+
+
+def forward_main(a) -> None:
+    configs = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
+    os.environ.pop(_tiles.ENV, None)
+    print(f"device {torch.cuda.get_device_name()}; ms, median over {a.rounds} rounds of medians of {a.reps}")
+    print("| config | fused variant | fwd apart | fwd fused | fwd+bwd apart | fwd+bwd fused | fwd+bwd apart / fused |")
+    print("|---|---|---|---|---|---|---|")
+    for name in a.configs.split(","):
+        c = configs[name]
+        os.environ.pop(_tiles.ENV, None)
+        if a.fused_variant is not None:  # the rule for every other kind
+            kinds = sorted(_lib.GEMM_KINDS.values())
+            os.environ[_tiles.ENV] = ",".join(str(a.fused_variant if k == _lib.GEMM_TN_SWIGLU_FWD else
+                                                  _tiles.variant(k, c["H"], c["I"])) for k in kinds)
+        os.environ[_tiles.FUSE_FWD_ENV] = "1"  # wherever a tile splits I and S, large experts too
+        v = _tiles.fused_gate_up_variant(c["H"], c["I"], c["S"])
+        if v is None:
+            print(f"| {name} | none (runs apart) | | | | | |", flush=True)
+            continue
+        meth = Method("mok_gu", make_bench_inputs(c, "random"), torch.bfloat16)
+        choices = {"apart": "0", "fused": "1"}
+        outs = {}
+        for ch, text in choices.items():
+            os.environ[_tiles.FUSE_FWD_ENV] = text
+            outs[ch] = [t.clone() for t in meth.fwd_bwd()]
+        for i, what in enumerate(("y", "d_x")):
+            if not torch.equal(outs["apart"][i].view(torch.int16), outs["fused"][i].view(torch.int16)):
+                raise SystemExit(f"CHECK FAILED: {name}: {what} bits differ between apart and fused")
+        times = {(ch, p): [] for ch in choices for p in ("fwd", "fb")}
+        for _ in range(a.rounds):
+            for ch, text in choices.items():
+                os.environ[_tiles.FUSE_FWD_ENV] = text
+                times[ch, "fwd"].append(timed(meth.fwd, 2, a.reps))
+                times[ch, "fb"].append(timed(meth.fwd_bwd, 2, a.reps))
+        med = {k: statistics.median(t) for k, t in times.items()}
+        print(f"| {name} | {v} | {med['apart', 'fwd']:.2f} | {med['fused', 'fwd']:.2f} | {med['apart', 'fb']:.2f} | "
+              f"{med['fused', 'fb']:.2f} | {med['apart', 'fb'] / med['fused', 'fb']:.3f}x |", flush=True)
+        del meth, outs
+        torch.cuda.empty_cache()
+    os.environ.pop(_tiles.FUSE_FWD_ENV, None)
     os.environ.pop(_tiles.ENV, None)
 
 

@@ -22,6 +22,7 @@ def short(name: str) -> str:
     if "GemmUniversal" in name or "cutlass" in name:
         return "cutlass grouped GEMM " + ("pingpong" if "Pingpong" in name else "cooperative") + \
             (" SwiGLU-bwd epilogue" if "SwigluBwdEpilogue" in name else
+             " SwiGLU-fwd epilogue" if "SwigluFwdEpilogue" in name else
              " f32-out" if "LinearCombinationIffvf" in name else " bf16-out")
     if "combine_rows_k<" in name:  # one kernel template: the forward combine (weighted) or the d_x combine
         return "combine_rows_k<true> (combine)" if "<true>" in name else "combine_rows_k<false> (d_x combine)"
@@ -79,7 +80,8 @@ def main():
         print(f"{c['name']}: kernel time of one fwd+bwd {s:.2f} ms, in launch order:")
         R, T, H, I, S = c["T"] * c["K"], c["T"], c["H"], c["I"], c["S"]
         one, two = 2 * H * (R * I + T * S), 2 * H * (R * 2 * I + T * 2 * S)
-        flops = iter([("gate/up", two), ("down", one), ("d_a", one), ("d_x", two), ("wgrad down", one),
+        flops = iter([("gate/up (+ SwiGLU when fused)", two), ("down", one), ("d_a", one), ("d_x", two),
+                      ("wgrad down", one),
                       ("wgrad gate/up", two)])  # the GEMM launches in order (run_forward, run_backward)
         for e in last:
             ms, name = e.device_time_total / 1e3, short(e.name)

@@ -84,7 +84,7 @@ def grouped_gemm(kind, segments, device, variant=0):
                 continue
             if s.rows_dim == 0:  # D [rows, n] = A [rows, k] . B
                 a = _operand(s.a, e, off, rows, s.k)
-                if kind in (_lib.GEMM_TN_F32, _lib.GEMM_TN_BF16):
+                if kind in (_lib.GEMM_TN_F32, _lib.GEMM_TN_BF16, _lib.GEMM_TN_SWIGLU_FWD):
                     b_nk = _operand(s.b, e, off, s.n, s.k)
                 else:  # NN: B [k, n]
                     b_nk = _operand(s.b, e, off, s.k, s.n).t()
@@ -93,6 +93,9 @@ def grouped_gemm(kind, segments, device, variant=0):
                     gu = _operand(s.aux, e, off, rows, 2 * s.n)
                     _swiglu_bwd_rows(out, gu, _operand(s.d, e, off, rows, 2 * s.n), s.n)
                     continue
+                if kind == _lib.GEMM_TN_SWIGLU_FWD:  # the epilogue: a = bf16(silu(g) * u) of out = [g | u]
+                    g, u = out[:, :s.n // 2], out[:, s.n // 2:]
+                    _operand(s.aux, e, off, rows, s.n // 2).copy_((g * torch.sigmoid(g) * u).to(torch.bfloat16))
                 d = _operand(s.d, e, off, rows, s.n)
             else:  # TT: D [m, n] = A [rows, m]^T . B [rows, n], reduced over rows in order
                 a = _operand(s.a, e, off, rows, s.m)

@@ -11,9 +11,9 @@ KINDS = sorted(_lib.GEMM_KINDS.values())
 
 
 @pytest.mark.parametrize("text, want", [
-    ("2", [2] * 7),                            # one variant for every kind
-    ("3,2,1,0,3,2,1", [3, 2, 1, 0, 3, 2, 1]),  # one per kind, MokGemmKind order
-    (" 1 ", [1] * 7),                          # surrounding blanks are fine
+    ("2", [2] * 8),                                # one variant for every kind
+    ("3,2,1,0,3,2,1,0", [3, 2, 1, 0, 3, 2, 1, 0]),  # one per kind, MokGemmKind order
+    (" 1 ", [1] * 8),                              # surrounding blanks are fine
 ])
 def test_override_gives_each_kind_its_variant(monkeypatch, text, want):
     monkeypatch.setenv(_tiles.ENV, text)
@@ -25,8 +25,8 @@ def test_override_gives_each_kind_its_variant(monkeypatch, text, want):
     "-1",           # negative
     "1,2",          # neither one value nor one per kind
     "a",            # not an integer
-    "1,2,3,0,1,2,x",  # one bad entry
-    "1,2,3,0,1,2",  # one per kind of an older library (six kinds)
+    "1,2,3,0,1,2,0,x",  # one bad entry
+    "1,2,3,0,1,2,0",  # one per kind of an older library (seven kinds)
 ])
 def test_bad_override_raises_naming_the_variable(monkeypatch, text):
     monkeypatch.setenv(_tiles.ENV, text)
@@ -88,3 +88,38 @@ def test_bad_fuse_switch_raises_naming_the_variable(monkeypatch, text):
     monkeypatch.setenv(_tiles.FUSE_ENV, text)
     with pytest.raises(ValueError, match=_tiles.FUSE_ENV):
         _tiles.fuse_swiglu_bwd()
+
+
+@pytest.mark.parametrize("H, I, S, want, want_switch_on", [
+    (2048, 768, 0, _tiles.PINGPONG, _tiles.PINGPONG),          # Qwen3-30B-A3B: 768 = 8 x 96
+    (4096, 1536, 1536, _tiles.PINGPONG, _tiles.PINGPONG),      # mid-64e with a shared expert: 1536 = 16 x 96
+    (2048, 1024, 0, _tiles.COOPERATIVE, _tiles.COOPERATIVE),   # OLMoE: 96 does not split 1024, 128 does (small I)
+    (7168, 2048, 2048, None, _tiles.COOPERATIVE),              # DeepSeek-V3 slice: large experts, only 128 splits
+    (4096, 14336, 0, None, _tiles.COOPERATIVE),                # Mixtral-8x7B: the same (14336 = 112 x 128)
+    (512, 136, 72, None, None),                                # no tile splits I = 136 into whole halves
+    (2048, 768, 64, None, None),                               # the shared expert's S = 64 fits no half tile
+])
+def test_fused_gate_up_variant_splits_i_and_s_into_whole_halves(monkeypatch, H, I, S, want, want_switch_on):
+    monkeypatch.delenv(_tiles.ENV, raising=False)
+    monkeypatch.delenv(_tiles.FUSE_FWD_ENV, raising=False)
+    assert _tiles.fused_gate_up_variant(H, I, S) == want
+    monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "1")  # wherever a tile splits I and S
+    assert _tiles.fused_gate_up_variant(H, I, S) == want_switch_on
+    for v in (want, want_switch_on):
+        if v is not None:
+            assert I % _tiles.HALF_TILE_N[v] == 0 and S % _tiles.HALF_TILE_N[v] == 0
+
+
+def test_fused_gate_up_switch_and_forced_variant(monkeypatch):
+    monkeypatch.delenv(_tiles.ENV, raising=False)
+    monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "0")  # off: always apart
+    assert _tiles.fused_gate_up_variant(2048, 768, 0) is None
+    monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "1")
+    assert _tiles.fused_gate_up_variant(2048, 768, 0) == _tiles.PINGPONG
+    monkeypatch.setenv(_tiles.ENV, "0")  # a forced variant is taken when it splits I (768 = 6 x 128) ...
+    assert _tiles.fused_gate_up_variant(2048, 768, 0) == _tiles.COOPERATIVE
+    monkeypatch.setenv(_tiles.ENV, "3")  # ... and never swapped for another: ping-pong's 96 does not split 1024
+    assert _tiles.fused_gate_up_variant(2048, 1024, 0) is None
+    monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "yes")
+    with pytest.raises(ValueError, match=_tiles.FUSE_FWD_ENV):
+        _tiles.fused_gate_up_variant(2048, 768, 0)

@@ -40,7 +40,9 @@ def gate_up_weights(rg, ru, sg, su, side: torch.cuda.Stream | None = None):
     """(w_gu [E, 2I, H], w_gu_s [2S, H] or None): the [gate; up] weights of the d_x GEMM's one accumulation
     over 2I. Views when gate and up already are halves of one tensor (`stacked_gate_up`: mok.nn.ops casts
     float32 weights so, transformers stores `gate_up_proj` so); else concatenated into new buffers (allocated
-    on the current stream), on `side` after the current stream's work so far when given."""
+    on the current stream), on `side` after the current stream's work so far when given. `side` waits for the
+    current stream even when nothing is concatenated, so that the caller's later wait for `side` never depends on
+    work outside a CUDA graph being captured (cudaErrorStreamCaptureIsolation)."""
     out, todo = [], []
     for gate, up, dim in ((rg, ru, 1), (sg, su, 0)):
         w = None if gate is None else stacked_gate_up(gate, up)
@@ -50,9 +52,9 @@ def gate_up_weights(rg, ru, sg, su, side: torch.cuda.Stream | None = None):
             w = torch.empty(shape, dtype=gate.dtype, device=gate.device)
             todo.append((gate, up, dim, w))
         out.append(w)
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(rg.device))
     if todo:
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream(rg.device))
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             for args in todo:
                 _concat(*args)

@@ -2,7 +2,8 @@
 
 schedule -> gather x rows (expert order) -> gate/up grouped GEMM (+ shared, one launch, fp32 out)
 -> SwiGLU (bf16 a) -> down grouped GEMM (+ shared, one launch, bf16 out) -> combine (fp32, shared
-first, then k ascending, one bf16 rounding; NaN when the routing flag is set).
+first, then k ascending, one bf16 rounding; NaN when the routing flag is set). When gate and up are the halves
+of one tensor, the gate/up GEMM writes a too (GEMM_TN_SWIGLU_FWD, `gate_up_swiglu`; _tiles.py says when).
 All on the current stream, no host synchronisation; buffers sized for the dropless worst case.
 """
 from __future__ import annotations
@@ -76,6 +77,35 @@ def gate_up(x_TH, x_RH, sched: Schedule, d: Dims, routed_gate, routed_up, shared
     return gu, gu_s
 
 
+def gate_up_swiglu(x_TH, x_RH, sched: Schedule, d: Dims, w_gu, w_gu_s, variant: int):
+    """(gu [R, 2I] fp32, gu_s [T, 2S] fp32 or None, a [R, I] bf16, a_s [T, S] bf16 or None): `gate_up` and
+    `swiglu` in one launch (GEMM_TN_SWIGLU_FWD, tile `variant`), the same bits. w_gu: bf16 [E, 2I, H] = [gate;
+    up] of each expert; w_gu_s: bf16 [2S, H] (or None when S = 0)."""
+    dev, (T, H, I, S, E) = x_TH.device, (d.T, d.H, d.I, d.S, d.E)
+    R = x_RH.shape[0]
+    gu, a = _empty(dev, torch.float32, R, 2 * I), _empty(dev, torch.bfloat16, R, I)
+    segs = [Segment.expert_rows(sched.offsets, E, 2 * I, H, Operand(x_RH, 0, H, H), Operand(w_gu, 2 * I * H, 0, H),
+                                Operand(gu, 0, 2 * I, 2 * I), aux=Operand(a, 0, I, I))]
+    gu_s = a_s = None
+    if S:
+        gu_s, a_s = _empty(dev, torch.float32, T, 2 * S), _empty(dev, torch.bfloat16, T, S)
+        segs.append(Segment.all_rows(T, 2 * S, H, Operand(x_TH, 0, 0, H), Operand(w_gu_s, 0, 0, H),
+                                     Operand(gu_s, 0, 0, 2 * S), aux=Operand(a_s, 0, 0, S)))
+    _lib.grouped_gemm(_lib.GEMM_TN_SWIGLU_FWD, segs, dev, variant)
+    return gu, gu_s, a, a_s
+
+
+def fused_gate_up(d: Dims, routed_gate, routed_up, shared_gate, shared_up):
+    """(variant, w_gu, w_gu_s) for `gate_up_swiglu`, or None when this layer runs `gate_up` and `swiglu` apart:
+    gate and up (routed, and shared when S > 0) are not the halves of one tensor, or _tiles.py says no."""
+    w_gu = stacked_gate_up(routed_gate, routed_up)
+    w_gu_s = stacked_gate_up(shared_gate, shared_up) if d.S else None
+    if w_gu is None or (d.S and w_gu_s is None):
+        return None
+    v = _tiles.fused_gate_up_variant(d.H, d.I, d.S)
+    return None if v is None else (v, w_gu, w_gu_s)
+
+
 def swiglu(gu, gu_s, sched: Schedule, d: Dims):
     """(a [R, I] bf16, a_s [T, S] bf16 or None) = bf16(silu(g) * u)."""
     dev, R = gu.device, gu.shape[0]
@@ -111,8 +141,13 @@ def run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, r
     sched = build_schedule(topk_idx, dims.E, R)
     x_RH = _empty(x.device, torch.bfloat16, R, dims.H)
     _lib.gather_rows(x, sched.pair_row, R, x_RH)
-    gu, gu_s = gate_up(x, x_RH, sched, dims, routed_gate, routed_up, shared_gate, shared_up)
-    a_RI, a_s = swiglu(gu, gu_s, sched, dims)
+    fused = fused_gate_up(dims, routed_gate, routed_up, shared_gate, shared_up)
+    if fused is not None:
+        v, w_gu, w_gu_s = fused
+        gu, gu_s, a_RI, a_s = gate_up_swiglu(x, x_RH, sched, dims, w_gu, w_gu_s, v)
+    else:
+        gu, gu_s = gate_up(x, x_RH, sched, dims, routed_gate, routed_up, shared_gate, shared_up)
+        a_RI, a_s = swiglu(gu, gu_s, sched, dims)
     o_RH, s_TH = down(a_RI, a_s, sched, dims, routed_down, shared_down)
     y = _empty(x.device, torch.bfloat16, dims.T, dims.H)
     _lib.combine_fwd(s_TH, o_RH, topk_weight, sched.pair_row, sched.flag, y)

@@ -17,11 +17,15 @@ import torch
 
 from ._build import library
 
-GEMM_TN_F32, GEMM_TN_BF16, GEMM_NN_F32, GEMM_NN_BF16, GEMM_TT_F32, GEMM_TT_BF16, GEMM_NN_SWIGLU_BWD = range(7)
+(GEMM_TN_F32, GEMM_TN_BF16, GEMM_NN_F32, GEMM_NN_BF16, GEMM_TT_F32, GEMM_TT_BF16, GEMM_NN_SWIGLU_BWD,
+ GEMM_TN_SWIGLU_FWD) = range(8)
 GEMM_KINDS = {"MOK_GEMM_TN_F32": GEMM_TN_F32, "MOK_GEMM_TN_BF16": GEMM_TN_BF16, "MOK_GEMM_NN_F32": GEMM_NN_F32,
               "MOK_GEMM_NN_BF16": GEMM_NN_BF16, "MOK_GEMM_TT_F32": GEMM_TT_F32, "MOK_GEMM_TT_BF16": GEMM_TT_BF16,
-              "MOK_GEMM_NN_SWIGLU_BWD": GEMM_NN_SWIGLU_BWD}
-FUSED_INPUT_KINDS = (GEMM_NN_SWIGLU_BWD,)  # kinds whose segments carry operand aux (an fp32 epilogue input)
+              "MOK_GEMM_NN_SWIGLU_BWD": GEMM_NN_SWIGLU_BWD, "MOK_GEMM_TN_SWIGLU_FWD": GEMM_TN_SWIGLU_FWD}
+# Kinds whose segments carry operand aux, with the dtypes of (d, aux): the SwiGLU backward reads fp32 [g | u] and
+# writes bf16 [dg | du]; the SwiGLU forward writes fp32 [g | u] (d) and bf16 a (aux).
+FUSED_KINDS = {GEMM_NN_SWIGLU_BWD: (torch.bfloat16, torch.float32),
+               GEMM_TN_SWIGLU_FWD: (torch.float32, torch.bfloat16)}
 MAX_SEGMENTS = 4
 ROUTER_MAX_E = 8192
 NUM_GEMM_VARIANTS = 4  # tile variants of every kind (csrc/grouped_gemm.cuh; chosen in _tiles.py)
@@ -136,8 +140,9 @@ class Operand:
 class Segment:
     """`num_groups` GEMMs sharing one formula. rows(e) come from `offsets` (int32 [>= num_groups + 1])
     or are `fixed_rows`, and are the M (rows_dim=0) or the K (rows_dim=2) of each GEMM; the other two
-    sizes are the constants m, n, k. `aux`: the fp32 input of a fused epilogue (GEMM_NN_SWIGLU_BWD's
-    [g | u], with D's row structure), None for the other kinds. Build one with the named constructors below."""
+    sizes are the constants m, n, k. `aux`: the extra operand of a fused epilogue, with D's row structure
+    (GEMM_NN_SWIGLU_BWD's fp32 [g | u] input, GEMM_TN_SWIGLU_FWD's bf16 a output), None for the other kinds.
+    Build one with the named constructors below."""
     num_groups: int
     rows_dim: int
     m: int
@@ -154,7 +159,8 @@ class Segment:
     def expert_rows(cls, offsets: torch.Tensor, groups: int, n: int, k: int, a: Operand, b: Operand, d: Operand,
                     aux: Operand | None = None):
         """Per-expert GEMM whose M is the expert's routed rows: D_e [rows(e), n] = A_e [rows(e), k] · B_e
-        (or, for GEMM_NN_SWIGLU_BWD, D_e [rows(e), 2n] the SwiGLU backward of that product, reading aux_e)."""
+        (or, for GEMM_NN_SWIGLU_BWD, D_e [rows(e), 2n] the SwiGLU backward of that product, reading aux_e; for
+        GEMM_TN_SWIGLU_FWD, D_e = [g | u] as for GEMM_TN_F32 and aux_e [rows(e), n / 2] = bf16(silu(g) * u))."""
         return cls(groups, 0, 0, n, k, a, b, d, offsets=offsets, aux=aux)
 
     @classmethod
@@ -190,18 +196,19 @@ def grouped_gemm(kind: int, segments: list[Segment], device: torch.device, varia
         raise ValueError(f"segments: expected 1 to {MAX_SEGMENTS}, got {len(segments)}")
     if not (isinstance(variant, int) and 0 <= variant < NUM_GEMM_VARIANTS):
         raise ValueError(f"variant: expected an int in [0, {NUM_GEMM_VARIANTS}), got {variant!r}")
-    fused = kind in FUSED_INPUT_KINDS
+    fused = kind in FUSED_KINDS
     for s in segments:
         if (s.aux is not None) != fused:
             raise ValueError(f"segments: operand aux must be {'given' if fused else 'None'} for GEMM kind {kind} "
-                             f"(only the fused kinds {FUSED_INPUT_KINDS} read it)")
+                             f"(only the fused kinds {tuple(FUSED_KINDS)} have it)")
         for which in ("a", "b", "d") + (("aux",) if fused else ()):
             t = getattr(s, which).tensor
             if t.device != device or not t.is_contiguous():
                 raise ValueError(f"segments: operand {which} must be a contiguous tensor on {device}")
-        if fused and (s.aux.tensor.dtype != _F32 or s.d.tensor.dtype != _BF16):
-            raise TypeError(f"segments: GEMM_NN_SWIGLU_BWD reads aux float32 and writes d bfloat16, got "
-                            f"{s.aux.tensor.dtype} and {s.d.tensor.dtype}")
+        if fused and (s.d.tensor.dtype, s.aux.tensor.dtype) != FUSED_KINDS[kind]:
+            want = " and ".join(str(t).removeprefix("torch.") for t in FUSED_KINDS[kind])
+            raise TypeError(f"segments: GEMM kind {kind} takes d and aux of {want}, got {s.d.tensor.dtype} and "
+                            f"{s.aux.tensor.dtype}")
     index = device.index if device.index is not None else torch.cuda.current_device()
     groups = sum(s.num_groups for s in segments)
     ws = torch.empty(_workspace_bytes(kind, variant, groups, index), dtype=torch.uint8, device=device)

@@ -15,7 +15,19 @@ backward in its epilogue (off by default, see below) runs the cooperative tile e
 `benchmarks/bench_fused.py` in two runs but once on Mixtral-8x7B, by 0.9%; benchmarks/RESULTS.md run 7).
 
 `MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
-kind in MokGemmKind order ("2,2,0,0,2,2,0").
+kind in MokGemmKind order ("2,2,0,0,2,2,0,3").
+
+The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
+up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
+gate and up weights are the halves of one tensor, the experts are small (I <= 1024) and a tile splits I and S into
+whole halves (I and S multiples of 96 for the ping-pong tile, of 128 for the cooperative one; that kind runs
+without clusters). Measured end to end (benchmarks/RESULTS.md run 9, `python benchmarks/bench_fused.py
+--forward`): fwd+bwd 1.023x faster on Qwen3-30B-A3B (ping-pong), 1.010x on mid-64e (ping-pong; forward alone
+1.07x), 1.044x on OLMoE-1B-7B (cooperative, as 96 does not split I = 1024), and 0.988x-1.004x (noise or slower)
+with the cooperative tile on the large-expert shapes, whose epilogue does not overlap the tensor cores: so the
+cooperative tile fuses for small experts only (I <= 1024) and the DeepSeek-V3 slice and Mixtral shapes (96 does
+not split 2048 or 14336) run apart. `MOK_FAST_FUSE_SWIGLU_FWD=0` runs the gate/up GEMM and the swiglu_fwd kernel
+apart everywhere, `=1` fuses wherever a tile splits I and S (the same bits either way).
 
 `MOK_FAST_FUSE_SWIGLU_BWD=1` runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD)
 instead of the d_a GEMM and the swiglu_bwd kernel: the same bits, no fp32 d_a buffer (R x I x 4 bytes: 0.4 GB on
@@ -32,6 +44,10 @@ from . import _lib
 COOPERATIVE, COOPERATIVE_2X1, PINGPONG_2X1, PINGPONG = range(_lib.NUM_GEMM_VARIANTS)
 ENV = "MOK_FAST_GEMM_VARIANT"
 FUSE_ENV = "MOK_FAST_FUSE_SWIGLU_BWD"
+FUSE_FWD_ENV = "MOK_FAST_FUSE_SWIGLU_FWD"
+# Half the tile's N in each variant of GEMM_TN_SWIGLU_FWD: the columns of gate (and of up) one tile covers. That
+# kind runs without clusters: its variants 1 and 2 are variants 0 and 3.
+HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPONG: 96}
 SMALL_I = 1024  # at or below: many small experts (Qwen3, OLMoE, DeepSeek-V2-Lite), ping-pong pays
 
 
@@ -60,10 +76,35 @@ def _parse(text: str) -> tuple[int, ...] | None:
 def fuse_swiglu_bwd() -> bool:
     """Whether MOK_FAST_FUSE_SWIGLU_BWD asks for the fused d_a + SwiGLU-backward GEMM ("1"; unset, "" or "0":
     no); ValueError naming the variable for anything else."""
-    text = os.environ.get(FUSE_ENV, "").strip()
+    return _switch(FUSE_ENV, False)
+
+
+def _switch(name: str, default: bool | None) -> bool | None:
+    text = os.environ.get(name, "").strip()
     if text not in ("", "0", "1"):
-        raise ValueError(f"{FUSE_ENV}: expected 0 or 1, got {text!r}")
-    return text == "1"
+        raise ValueError(f"{name}: expected 0 or 1, got {text!r}")
+    return default if text == "" else text == "1"
+
+
+def fused_gate_up_variant(H: int, I: int, S: int) -> int | None:
+    """The tile variant of the fused gate/up + SwiGLU GEMM (GEMM_TN_SWIGLU_FWD) of a layer with hidden size H,
+    routed intermediate size I and shared intermediate size S (0: none), or None when the layer runs the gate/up
+    GEMM and the swiglu_fwd kernel apart. The ping-pong tile when its halves (96) split I and S; else the
+    cooperative tile (halves of 128) for small experts (I <= 1024), or for any when MOK_FAST_FUSE_SWIGLU_FWD=1;
+    else None, and always None when it is 0. MOK_FAST_GEMM_VARIANT, when it forces the kind's variant, is the only
+    candidate. ValueError naming the variable for a switch value other than 0 or 1."""
+    forced_on = _switch(FUSE_FWD_ENV, None)
+    if forced_on is False:
+        return None
+    forced = _override(_lib.GEMM_TN_SWIGLU_FWD)
+    # ping-pong first (its epilogue overlaps the other warpgroup's mainloop); the cooperative tile only for small
+    # experts unless the switch says 1
+    candidates = (forced,) if forced is not None else (
+        (PINGPONG, COOPERATIVE) if forced_on or I <= SMALL_I else (PINGPONG,))
+    for v in candidates:
+        if I % HALF_TILE_N[v] == 0 and S % HALF_TILE_N[v] == 0:
+            return v
+    return None
 
 
 def variant(kind: int, H: int, I: int) -> int:

@@ -101,6 +101,16 @@ def make_inputs(cfg: MoEConfig, seed: int, routing: str = "random", device="cpu"
     return {k: (v.to(device) if v is not None else None) for k, v in inputs.items()}
 
 
+def with_stacked_gate_up(inputs: dict) -> dict:
+    """`inputs` with gate and up (routed and shared) as the two halves of one [gate; up] tensor each, as
+    transformers' `gate_up_proj` and mok.MoE's float32 casts hand them over (the same values)."""
+    out = dict(inputs)
+    for gate, up, dim in (("routed_gate", "routed_up", 1), ("shared_gate", "shared_up", 0)):
+        if inputs[gate] is not None:
+            out[gate], out[up] = torch.cat([inputs[gate], inputs[up]], dim).chunk(2, dim)
+    return out
+
+
 LAYER_ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down",
               "routed_gate", "routed_up", "routed_down")
 OUTPUT_NAMES = ("y", "d_x", "d_topk_weight", "d_routed_gate", "d_routed_up", "d_routed_down",

@@ -5,12 +5,14 @@ import torch
 
 import mok.fast
 from mok.harness.bits import assert_bitwise_equal, raw_bits
-from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.fast import _tiles
+from mok.fast._checks import stacked_gate_up
+from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs, with_stacked_gate_up
 from mok.harness.runner import run_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
-CFG = MoEConfig(T=512, H=256, I=128, E=16, K=4, S=64)
+CFG = MoEConfig(T=512, H=256, I=128, E=16, K=4, S=128)  # I, S split into the fused gate/up launch's halves
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -23,9 +25,15 @@ def _assert_same(got: dict, want: dict, label: str) -> None:
             assert_bitwise_equal(got[k], want[k], f"{label}: {k}")
 
 
-@pytest.fixture(scope="module")
-def inputs():
-    return make_inputs(CFG, seed=3, routing="skewed", device="cuda")
+@pytest.fixture(scope="module", params=["separate", "stacked"])
+def inputs(request):
+    """Gate and up as separate tensors (the gate/up GEMM and the SwiGLU kernel apart), or as the halves of one
+    tensor (the gate/up GEMM with the SwiGLU in its epilogue, GEMM_TN_SWIGLU_FWD)."""
+    inp = make_inputs(CFG, seed=3, routing="skewed", device="cuda")
+    if request.param == "stacked":
+        assert _tiles.fused_gate_up_variant(CFG.H, CFG.I, CFG.S) is not None
+        return with_stacked_gate_up(inp)
+    return inp
 
 
 def test_forward_1000_reruns(inputs):
@@ -50,9 +58,7 @@ def test_backward_1000_reruns(inputs):
 def test_gate_up_halves_of_one_tensor_give_the_separate_tensors_bits(inputs):
     """Gate and up as views into one [gate; up] tensor (what mok.nn.ops and transformers hand over): read at
     their strides in forward and as one tensor by backward's d_x GEMM, the bits do not change."""
-    stacked = dict(inputs)
-    for gate, up, dim in (("routed_gate", "routed_up", 1), ("shared_gate", "shared_up", 0)):
-        stacked[gate], stacked[up] = torch.cat([inputs[gate], inputs[up]], dim).chunk(2, dim)
+    stacked = with_stacked_gate_up(inputs)
     assert not stacked["routed_gate"].is_contiguous()
     _assert_same(run_layer(stacked, impl=mok.fast), run_layer(inputs, impl=mok.fast), "gate/up halves")
 
@@ -60,6 +66,8 @@ def test_gate_up_halves_of_one_tensor_give_the_separate_tensors_bits(inputs):
 def test_cuda_graph_replay_matches_eager(inputs):
     eager = run_layer(inputs, impl=mok.fast)
     static = {k: (v.clone() if v is not None else None) for k, v in inputs.items()}
+    if stacked_gate_up(inputs["routed_gate"], inputs["routed_up"]) is not None:
+        static = with_stacked_gate_up(static)  # clone() made the halves separate tensors
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

@@ -1,5 +1,5 @@
 """compute-sanitizer memcheck and racecheck over a small forward+backward of mok.fast (under each GEMM tile
-variant) and its router, and over an expert-parallel forward+backward at W = 2 (two processes sharing the
+variant, with gate and up apart and as the halves of one tensor: the fused gate/up + SwiGLU launch) and its router, and over an expert-parallel forward+backward at W = 2 (two processes sharing the
 GPU, IPC peer buffers)."""
 import os
 import shutil
@@ -13,13 +13,17 @@ pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
 SCRIPT = """
 import os, torch, mok.fast
-from mok.harness.cases import MoEConfig, make_inputs
+from mok.harness.cases import MoEConfig, make_inputs, with_stacked_gate_up
 from mok.harness.runner import run_layer
 for variant in ("0", "1", "2", "3", ""):  # every GEMM tile variant forced, then the default choice
     os.environ["MOK_FAST_GEMM_VARIANT"] = variant
     for cfg, routing in [(MoEConfig(T=37, H=64, I=32, E=4, K=2, S=16), "random"),
                          (MoEConfig(T=20, H=64, I=32, E=6, K=2, S=0), "empty_expert")]:
         out = run_layer(make_inputs(cfg, seed=1, routing=routing, device="cuda"), impl=mok.fast)
+    # gate/up halves of one tensor: the fused gate/up + SwiGLU launch (ping-pong halves of 96, cooperative of 128)
+    for cfg in (MoEConfig(T=37, H=64, I=96, E=4, K=2, S=96), MoEConfig(T=29, H=64, I=128, E=6, K=2, S=0)):
+        out = run_layer(with_stacked_gate_up(make_inputs(cfg, seed=1, routing="empty_expert", device="cuda")),
+                        impl=mok.fast)
 bad = make_inputs(MoEConfig(T=16, H=64, I=32, E=4, K=2, S=16), seed=2, device="cuda")
 bad["topk_idx"][3, 0] = 99
 run_layer(bad, impl=mok.fast)

@@ -15,6 +15,7 @@ MOK_DECLARE_KIND(gemm_nn_bf16)
 MOK_DECLARE_KIND(gemm_tt_f32)
 MOK_DECLARE_KIND(gemm_tt_bf16)
 MOK_DECLARE_KIND(gemm_nn_swiglu_bwd)
+MOK_DECLARE_KIND(gemm_tn_swiglu_fwd)
 #undef MOK_DECLARE_KIND
 }  // namespace mok
 

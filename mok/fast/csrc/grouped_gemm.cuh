@@ -22,7 +22,9 @@
 #include "cutlass/util/packed_stride.hpp"
 
 #include "epilogue_swiglu_bwd.cuh"
+#include "epilogue_swiglu_fwd.cuh"
 #include "gemm_kinds.h"
+#include "mainloop_gate_up.cuh"
 #include "mok_fast.h"
 #include "mok_status.h"
 
@@ -52,9 +54,11 @@ inline bool tile_order(SchedulerArgs& sched) {
   return true;
 }
 
-// Epilogues: D = the accumulator rounded to D's type (CUTLASS's TMA epilogue), or the SwiGLU backward of
-// it (epilogue_swiglu_bwd.cuh: D bf16 [dg | du], reading C = the fp32 [g | u] pre-activations).
-enum class Epi { kLinear, kSwigluBwd };
+// Epilogues: D = the accumulator rounded to D's type (CUTLASS's TMA epilogue), the SwiGLU backward of
+// it (epilogue_swiglu_bwd.cuh: D bf16 [dg | du], reading C = the fp32 [g | u] pre-activations), or the SwiGLU
+// forward (epilogue_swiglu_fwd.cuh, after the paired-B mainloop of mainloop_gate_up.cuh: D fp32 [g | u] and
+// C = bf16 a, both written).
+enum class Epi { kLinear, kSwigluBwd, kSwigluFwd };
 
 template <class LayoutA_, class LayoutB_, class ElementD_, class TileShape_, class ClusterShape_,
           class KernelSchedule_, class EpilogueSchedule_, Epi kEpi = Epi::kLinear>
@@ -70,7 +74,12 @@ struct GroupedGemm {
   static constexpr int AlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
 
   static constexpr bool kSwiglu = kEpi == Epi::kSwigluBwd;
+  static constexpr bool kSwigluFwd = kEpi == Epi::kSwigluFwd;
+  static constexpr bool kHasAux = kSwiglu || kSwigluFwd;  // segments carry operand aux (MokSegment.aux)
   static_assert(!kSwiglu || cute::is_same_v<ElementD, cutlass::bfloat16_t>, "the SwiGLU backward writes bf16");
+  static_assert(!kSwigluFwd || cute::is_same_v<ElementD, float>, "the SwiGLU forward writes fp32 [g | u]");
+  // Operand aux: the fp32 [g | u] the SwiGLU backward reads, or the bf16 a the SwiGLU forward writes.
+  using ElementAux = cute::conditional_t<kSwigluFwd, cutlass::bfloat16_t, const float>;
   using LinearEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape_, ClusterShape_,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
@@ -78,14 +87,19 @@ struct GroupedGemm {
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
   using SwigluEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
       SwigluBwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>;
-  using CollectiveEpilogue = cute::conditional_t<kSwiglu, SwigluEpilogue, LinearEpilogue>;
+  using SwigluFwdEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+      SwigluFwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>;
+  using CollectiveEpilogue = cute::conditional_t<
+      kSwiglu, SwigluEpilogue, cute::conditional_t<kSwigluFwd, SwigluFwdEpilogue, LinearEpilogue>>;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, AlignA, ElementB,
       LayoutB*, AlignB, float, TileShape_, ClusterShape_,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule_>::CollectiveOp;
+  using CollectiveMainloop = cute::conditional_t<kSwigluFwd, GateUpPairMainloop<BuiltMainloop>, BuiltMainloop>;
+  static constexpr int kTileN = cute::size<1>(TileShape_{});
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
@@ -101,7 +115,7 @@ struct GroupedGemm {
     const ElementA** a;
     const ElementB** b;
     ElementD** d;
-    const float** c;  // the SwiGLU epilogue's [g | u] input, from operand aux (null for the linear epilogue)
+    ElementAux** c;  // operand aux of the SwiGLU epilogues (null for the linear epilogue)
     StrideA* sa;
     StrideB* sb;
     StrideD* sd;
@@ -121,7 +135,7 @@ struct GroupedGemm {
     r.a = reinterpret_cast<const ElementA**>(p); p += align16(g * sizeof(void*));
     r.b = reinterpret_cast<const ElementB**>(p); p += align16(g * sizeof(void*));
     r.d = reinterpret_cast<ElementD**>(p); p += align16(g * sizeof(void*));
-    r.c = reinterpret_cast<const float**>(p); p += align16(g * sizeof(void*));
+    r.c = reinterpret_cast<ElementAux**>(p); p += align16(g * sizeof(void*));
     r.sa = reinterpret_cast<StrideA*>(p); p += align16(g * sizeof(StrideA));
     r.sb = reinterpret_cast<StrideB*>(p); p += align16(g * sizeof(StrideB));
     r.sd = reinterpret_cast<StrideD*>(p); p += align16(g * sizeof(StrideD));
@@ -143,7 +157,7 @@ struct GroupedGemm {
 
   static typename Gemm::Arguments make_args(Arrays arr, int groups, int device) {
     typename Gemm::Arguments args;
-    if constexpr (kSwiglu) {
+    if constexpr (kHasAux) {
       args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
                                       {groups, arr.shapes, nullptr},
                                       {arr.a, arr.sa, arr.b, arr.sb},
@@ -211,8 +225,9 @@ __global__ void fill_group_args(typename G::Arrays arr, SegmentList segs) {
   arr.a[g] = static_cast<const EA*>(s.a.base) + s.a.offset + e * s.a.expert_stride + off * s.a.row_stride;
   arr.b[g] = static_cast<const EB*>(s.b.base) + s.b.offset + e * s.b.expert_stride + off * s.b.row_stride;
   arr.d[g] = static_cast<ED*>(s.d.base) + s.d.offset + e * s.d.expert_stride + off * s.d.row_stride;
+  using EX = typename G::ElementAux;
   arr.c[g] = s.aux.base == nullptr ? nullptr
-             : static_cast<const float*>(s.aux.base) + s.aux.offset + e * s.aux.expert_stride + off * s.aux.row_stride;
+             : static_cast<EX*>(s.aux.base) + s.aux.offset + e * s.aux.expert_stride + off * s.aux.row_stride;
   arr.sa[g] = stride_with_ld<typename G::StrideA>(s.a.ld);
   arr.sb[g] = stride_with_ld<typename G::StrideB>(s.b.ld);
   arr.sd[g] = stride_with_ld<typename G::StrideD>(s.d.ld);
@@ -232,8 +247,13 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
     groups += segs[j].num_groups;
     if (G::kSwiglu && segs[j].aux.base == nullptr)
       return set_error("segment %d: operand aux (the [g | u] input) is null", j);
-    if (!G::kSwiglu && segs[j].aux.base != nullptr)
+    if (G::kSwigluFwd && segs[j].aux.base == nullptr)
+      return set_error("segment %d: operand aux (the a output) is null", j);
+    if (!G::kHasAux && segs[j].aux.base != nullptr)
       return set_error("segment %d: operand aux is set but this kind reads none", j);
+    if (G::kSwigluFwd && (segs[j].rows_dim != 0 || segs[j].n % G::kTileN != 0))
+      return set_error("segment %d: n = %d must be a multiple of %d (gate and up halves of whole tiles) with rows "
+                       "as M", j, segs[j].n, G::kTileN);
   }
   size_t need = G::workspace_bytes(groups, device);
   if (ws_bytes < need) return set_error("workspace %zu bytes < %zu needed", ws_bytes, need);
@@ -271,11 +291,14 @@ using EpiCoop = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 using KernelPingpong = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
 using EpiPingpong = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 
+// The fused gate/up + SwiGLU kind runs without clusters (its paired B loads do not multicast): variants 1 and 2
+// are variants 0 and 3 there. (A ping-pong 128x128 tile for it, halves of 64, was 1-7% slower end to end on four
+// of five shapes: benchmarks/RESULTS.md run 9.)
 template <class LA, class LB, class ED, int V, Epi kEpi = Epi::kLinear>
 struct VariantOf {
   static_assert(V >= 0 && V < MOK_GEMM_NUM_VARIANTS, "tile variant out of range");
   static constexpr bool kPingpong = V >= 2;
-  static constexpr int kClusterM = (V == 1 || V == 2) ? 2 : 1;
+  static constexpr int kClusterM = (kEpi != Epi::kSwigluFwd && (V == 1 || V == 2)) ? 2 : 1;
   using type = GroupedGemm<LA, LB, ED,
                            cute::conditional_t<kPingpong, Shape<_128, _192, _64>, Shape<_128, _256, _64>>,
                            Shape<Int<kClusterM>, _1, _1>, cute::conditional_t<kPingpong, KernelPingpong, KernelCoop>,

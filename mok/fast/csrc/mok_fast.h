@@ -28,8 +28,9 @@ struct MokOperand {
 
 // A run of groups sharing one formula. rows(e) = offsets[e + 1] - offsets[e] when offsets is
 // non-null, else fixed_rows. rows_dim says which of M (0) or K (2) is rows(e); the other two are
-// the constants m, n, k. Groups whose rows are 0 get M = 0 (no tiles). aux: the fp32 input of a fused
-// epilogue (MOK_GEMM_NN_SWIGLU_BWD's [g | u]); base null for every other kind.
+// the constants m, n, k. Groups whose rows are 0 get M = 0 (no tiles). aux: the extra operand of a fused
+// epilogue (MOK_GEMM_NN_SWIGLU_BWD's fp32 [g | u] input, MOK_GEMM_TN_SWIGLU_FWD's bf16 a output); base null for
+// every other kind.
 struct MokSegment {
   int num_groups;
   int rows_dim;
@@ -48,7 +49,9 @@ enum MokGemmKind {
   MOK_GEMM_TT_BF16 = 5,  // same, D bf16 (weight grads of bf16 parameters)
   MOK_GEMM_NN_SWIGLU_BWD = 6,  // NN, and the epilogue turns the fp32 product da [M,N] into D bf16 [M,2N] =
                                // [dg | du] of the SwiGLU backward, reading aux fp32 [M,2N] = [g | u]
-  MOK_GEMM_NUM_KINDS = 7
+  MOK_GEMM_TN_SWIGLU_FWD = 7,  // TN with B [N,K] = [W_gate; W_up] halves (N a multiple of the tile's N), D fp32
+                               // [M,N] = [g | u], and aux bf16 [M,N/2] = a = bf16(silu(g) * u), written
+  MOK_GEMM_NUM_KINDS = 8
 };
 
 extern "C" {

@@ -1,0 +1,126 @@
+// Epilogue of the fused gate/up + SwiGLU GEMM (GEMM kind MOK_GEMM_TN_SWIGLU_FWD), after the mainloop of
+// mainloop_gate_up.cuh: in output tile n (BLK_N columns, h = BLK_N / 2) column c < h holds the gate pre-activation
+// g and column h + c the up pre-activation u of intermediate column j = n * h + c. For group l with problem
+// (M, N = 2I), each consumer thread stores from registers
+//   D_l[r, j] = g, D_l[r, I + j] = u          (fp32 [g | u], row stride ldd: what the backward reads)
+//   C_l[r, j] = bf16(silu(g) * u)             (bf16 a, row stride ldc; the bits of the swiglu_fwd kernel)
+// An operator-style CUTLASS epilogue (the interface of CUTLASS's DefaultEpilogueArray, run by the sm90 ptr-array
+// kernels through Sm90TmaWarpSpecializedAdapter); C is an output here, not an input.
+#pragma once
+#include <cuda_bf16.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/cuda_host_adapter.hpp"
+#include "cutlass/epilogue/dispatch_policy.hpp"
+#include "swiglu_math.cuh"
+
+namespace mok {
+
+template <class StrideCD_>  // pointer to the per-group row-major stride (ld, _1, _0)
+class SwigluFwdEpilogueArray {
+ public:
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
+  using DispatchPolicy = EpilogueSchedule;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+  using ElementC = cutlass::bfloat16_t;  // a, written
+  using ElementD = float;                // [g | u], written
+  using ElementOutput = ElementD;
+  using StrideC = StrideCD_;
+  using StrideD = StrideCD_;
+  using InternalStrideC = cute::remove_pointer_t<StrideC>;
+  using InternalStrideD = cute::remove_pointer_t<StrideD>;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  struct SharedStorage {};
+  using TensorMapStorage = SharedStorage;
+  // Named by CUTLASS's device adapter (GemmUniversalAdapter::EpilogueOutputOp); the math is operator() below.
+  struct ThreadEpilogueOp {
+    using ElementOutput = float;
+    using ElementAccumulator = float;
+    using ElementCompute = float;
+  };
+
+  struct Arguments {
+    ElementC** ptr_C = nullptr;  // per group: a of row 0
+    StrideC dC{};
+    ElementD** ptr_D = nullptr;  // per group: g of row 0 (u is I columns further)
+    StrideD dD{};
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&, int) { return 0; }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const& args) {
+    return args.ptr_C != nullptr && args.ptr_D != nullptr;
+  }
+
+  CUTLASS_HOST_DEVICE explicit SwigluFwdEpilogueArray(Params const& params_) : params(params_) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    static_assert(is_static<FrgLayout>::value, "accumulator layout must be static");
+    constexpr int kBlkN = size<1>(BlockShapeMNK{});
+    constexpr int kPairs = kBlkN / 16;  // 8-column blocks per half tile
+    // A wgmma accumulator fragment: ((2 adjacent columns, 2 row halves, BLK_N / 8 column blocks), MMA_M, MMA_N):
+    // block b holds columns 8b + (0, 1) of the thread's column pair, so block b + kPairs is h columns further.
+    static_assert(rank(FrgLayout{}) == 3 && size<2>(FrgLayout{}) == 1, "one MMA along N covers the tile");
+    static_assert(size<0, 0>(FrgLayout{}) == 2 && size<0, 1>(FrgLayout{}) == 2 &&
+                  size<0, 2>(FrgLayout{}) == kBlkN / 8, "wgmma accumulator fragment ((2, 2, BLK_N / 8), M, 1)");
+    const int M = get<0>(problem_shape_mnkl), I = get<1>(problem_shape_mnkl) / 2;
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    float* __restrict__ gu = params.ptr_D[l_coord];
+    __nv_bfloat16* __restrict__ a = reinterpret_cast<__nv_bfloat16*>(params.ptr_C[l_coord]);
+    const int64_t ldd = get<0>(params.dD[l_coord]), ldc = get<0>(params.dC[l_coord]);
+    Tensor cD = local_tile(make_identity_tensor(make_shape(M, get<1>(problem_shape_mnkl))),
+                           take<0, 2>(blk_shape_MNK), make_coord(m_coord, n_coord));
+    Tensor tCcD = tiled_mma.get_thread_slice(thread_idx).partition_C(cD);
+    const int shift = n_coord * (kBlkN / 2);  // column c of this tile's gate half: intermediate column c - shift
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < size<1>(FrgLayout{}); ++m) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int b = 0; b < kPairs; ++b) {
+          auto ig = make_coord(make_coord(0, half, b), m, 0);
+          auto ig1 = make_coord(make_coord(1, half, b), m, 0);
+          auto iu = make_coord(make_coord(0, half, b + kPairs), m, 0);
+          auto iu1 = make_coord(make_coord(1, half, b + kPairs), m, 0);
+          const int r = get<0>(tCcD(ig));
+          if (r < M) {
+            const int j = get<1>(tCcD(ig)) - shift;
+            const float g0 = accumulators(ig), g1 = accumulators(ig1), u0 = accumulators(iu), u1 = accumulators(iu1);
+            float* row = gu + r * ldd + j;
+            *reinterpret_cast<float2*>(row) = make_float2(g0, g1);
+            *reinterpret_cast<float2*>(row + I) = make_float2(u0, u1);
+            *reinterpret_cast<__nv_bfloat162*>(a + r * ldc + j) =
+                __floats2bfloat162_rn(__fmul_rn(silu_(g0), u0), __fmul_rn(silu_(g1), u1));
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  Params params;
+};
+
+}  // namespace mok

@@ -1,0 +1,177 @@
+// Mainloop of the fused gate/up + SwiGLU GEMM (GEMM kind MOK_GEMM_TN_SWIGLU_FWD): CUTLASS's sm90 ptr-array TMA
+// mainloop (the collective the builder picks, `Base`), except that the B tile of an output tile n is loaded as two
+// half tiles: rows [n*h, n*h + h) and [N/2 + n*h, N/2 + n*h + h) of the group's B [N, K], h = half the tile's N.
+// With B = [W_gate; W_up] (the [2I, H] halves of one tensor), columns [0, h) of every output tile are gate
+// pre-activations and columns [h, 2h) the up pre-activations of the same h intermediate columns, so the epilogue
+// (epilogue_swiglu_fwd.cuh) finds g and u of an element in one thread's registers. Only which B rows land in which
+// shared-memory rows changes: each accumulator is still one CTA walking K in order (the same bits as the plain
+// GEMM of the same B rows). Needs N / 2 to be a multiple of h (the caller checks), K-major B, no cluster.
+#pragma once
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+
+namespace mok {
+
+template <class Base>
+struct GateUpPairMainloop : Base {
+  using TileShape = typename Base::TileShape;
+  using InternalElementB = typename Base::InternalElementB;
+  using InternalStrideB = typename Base::InternalStrideB;
+  using SmemLayoutAtomB = typename Base::SmemLayoutAtomB;
+  using SmemLayoutB = typename Base::SmemLayoutB;
+  using GmemTiledCopyB = typename Base::GmemTiledCopyB;
+  using Arguments = typename Base::Arguments;
+  using TensorStorage = typename Base::TensorStorage;
+  using TensorMapStorage = typename Base::TensorMapStorage;
+  using MainloopPipeline = typename Base::MainloopPipeline;
+  using PipelineState = typename Base::PipelineState;
+
+  static constexpr int kBlkN = cute::size<1>(TileShape{});
+  static constexpr int kBlkK = cute::size<2>(TileShape{});
+  static constexpr int kHalf = kBlkN / 2;  // B rows per half tile
+  static_assert(kBlkN % 16 == 0, "each half tile is whole 8-row swizzle atoms");
+  static_assert(cute::size(typename Base::DispatchPolicy::ClusterShape{}) == 1, "no cluster (no multicast)");
+  static_assert(cute::is_same_v<GmemTiledCopyB, cute::SM90_TMA_LOAD>, "plain TMA loads of B");
+  static_assert(cute::is_static<cute::remove_cvref_t<decltype(cute::get<1>(InternalStrideB{}))>>::value,
+                "B is K-major (a stage's row n starts n * BLK_K elements in)");
+  static_assert(cute::size<0>(SmemLayoutAtomB{}) == 8 && cute::size<1>(SmemLayoutAtomB{}) == kBlkK,
+                "one swizzle atom spans the K tile, 8 rows");
+
+  // One half tile of B in shared memory (one stage), and its TMA (box h x BLK_K).
+  using SmemLayoutBHalf = decltype(cute::tile_to_shape(SmemLayoutAtomB{},
+                                                       cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{})));
+  using HalfTileShape = cute::Shape<decltype(cute::get<0>(TileShape{})), cute::Int<kHalf>, cute::Int<kBlkK>>;
+  using TMA_BH = decltype(cute::make_tma_copy(
+      GmemTiledCopyB{},
+      cute::make_tensor(static_cast<InternalElementB const*>(nullptr),
+                        cute::repeat_like(InternalStrideB{}, int32_t(0)), InternalStrideB{}),
+      SmemLayoutBHalf{}, cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{}), cute::_1{}));
+
+  struct Params : Base::Params {
+    TMA_BH tma_load_bh;
+  };
+
+  // Half tiles between a gate half and its up half in the current group (N / 2 / h); set with the group's tensormap.
+  int up_tiles_ = 0;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape problem_shapes, Arguments const& args,
+                                                  void* workspace) {
+    static_assert(Base::IsGroupedGemmKernel, "grouped GEMMs only: B's shape and strides are set per group");
+    typename Base::Params base = Base::to_underlying_arguments(problem_shapes, args, workspace);
+    // As CUTLASS does for B: a placeholder address and shape, replaced on the device before the first load.
+    auto ptr_b = reinterpret_cast<InternalElementB const*>(reinterpret_cast<uint64_t>(args.ptr_B) &
+                                                           0xFFFFFFFFFFFFFFF0);
+    auto init = cute::repeat_like(typename ProblemShape::UnderlyingProblemShape{}, int32_t(1));
+    cute::Tensor tensor_b = cute::make_tensor(
+        ptr_b, cute::make_layout(cute::make_shape(cute::get<1>(init), cute::get<2>(init), uint32_t(1)),
+                                 InternalStrideB{}));
+    TMA_BH tma_bh = cute::make_tma_copy(GmemTiledCopyB{}, tensor_b, SmemLayoutBHalf{},
+                                        cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{}), cute::_1{});
+    return Params{base, tma_bh};
+  }
+
+  // (gA_mkl, gB_nkl) with B in half tiles: (h, BLK_K, n_half_tiles, k, l).
+  template <class ProblemShape_MNKL>
+  CUTLASS_DEVICE auto load_init(ProblemShape_MNKL const& problem_shape_MNKL, Params const& p) const {
+    using X = cute::Underscore;
+    auto [M, N, K, L] = problem_shape_MNKL;
+    cute::Tensor mA_mkl = p.tma_load_a.get_tma_tensor(cute::make_shape(M, K, int32_t(1)));
+    cute::Tensor mB_nkl = p.tma_load_bh.get_tma_tensor(cute::make_shape(N, K, int32_t(1)));
+    cute::Tensor gA_mkl = cute::local_tile(mA_mkl, TileShape{}, cute::make_coord(cute::_, cute::_, cute::_),
+                                           cute::Step<cute::_1, X, cute::_1>{});
+    cute::Tensor gB_nkl = cute::local_tile(mB_nkl, HalfTileShape{}, cute::make_coord(cute::_, cute::_, cute::_),
+                                           cute::Step<X, cute::_1, cute::_1>{});
+    return cute::make_tuple(gA_mkl, gB_nkl);
+  }
+
+  // Producer: per K tile, A's tile and the two halves of B's (gate rows, then up rows) on one barrier.
+  template <class TensorA, class TensorB, class TensorMapA, class TensorMapB, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load(Params const& p, MainloopPipeline pipeline, PipelineState smem_pipe_write,
+                           cute::tuple<TensorA, TensorB> const& load_inputs,
+                           cute::tuple<TensorMapA, TensorMapB> const& input_tensormaps, BlockCoord const& blk_coord,
+                           KTileIterator k_tile_iter, int k_tile_count, int, uint32_t,
+                           TensorStorage& shared_tensors) {
+    using namespace cute;
+    if (!cute::elect_one_sync()) return;
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
+    Tensor gA = get<0>(load_inputs)(_, _, m_coord, _, l_coord);                   // (BLK_M, BLK_K, k)
+    Tensor gBg = get<1>(load_inputs)(_, _, n_coord, _, l_coord);                  // (h, BLK_K, k): gate rows
+    Tensor gBu = get<1>(load_inputs)(_, _, n_coord + up_tiles_, _, l_coord);      // (h, BLK_K, k): up rows
+    auto tma_a = p.tma_load_a.get_slice(0);
+    auto tma_b = p.tma_load_bh.get_slice(0);
+    Tensor tAgA = tma_a.partition_S(gA);
+    Tensor tAsA = tma_a.partition_D(sA);
+    Tensor tBgBg = tma_b.partition_S(gBg);
+    Tensor tBgBu = tma_b.partition_S(gBu);
+    auto* smem_b = shared_tensors.smem_B.data();
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tile_count > 0; --k_tile_count) {
+      pipeline.producer_acquire(smem_pipe_write);
+      auto* tma_barrier = pipeline.producer_get_barrier(smem_pipe_write);
+      const int stage = smem_pipe_write.index();
+      // A stage of B holds BLK_N rows of BLK_K elements in order (K-major, whole swizzle atoms): the gate half is
+      // its first h rows, the up half the next h.
+      auto* stage_b = smem_b + stage * (kBlkN * kBlkK);
+      Tensor tBsBg = tma_b.partition_D(make_tensor(make_smem_ptr(stage_b), SmemLayoutBHalf{}));
+      Tensor tBsBu = tma_b.partition_D(make_tensor(make_smem_ptr(stage_b + kHalf * kBlkK), SmemLayoutBHalf{}));
+      copy(p.tma_load_a.with(get<0>(input_tensormaps), *tma_barrier, uint16_t(0)), tAgA(_, _, _, *k_tile_iter),
+           tAsA(_, _, _, stage));
+      copy(p.tma_load_bh.with(get<1>(input_tensormaps), *tma_barrier, uint16_t(0)), tBgBg(_, _, _, *k_tile_iter),
+           tBsBg);
+      copy(p.tma_load_bh.with(get<1>(input_tensormaps), *tma_barrier, uint16_t(0)), tBgBu(_, _, _, *k_tile_iter),
+           tBsBu);
+      ++k_tile_iter;
+      ++smem_pipe_write;
+    }
+  }
+
+  // The per-SM tensormaps start from the half-tile TMA of B (and CUTLASS's TMA of A).
+  CUTLASS_DEVICE auto tensormaps_init(Params const& p, TensorMapStorage& shared_tensormaps, int32_t sm_count,
+                                      int32_t sm_idx) {
+    using namespace cute;
+    cute::TmaDescriptor* gmem_tensormap = reinterpret_cast<cute::TmaDescriptor*>(p.tensormaps);
+    cute::TmaDescriptor* tma_desc_a = &gmem_tensormap[sm_idx];
+    cute::TmaDescriptor* tma_desc_b = &gmem_tensormap[sm_idx + sm_count];
+    if (cute::elect_one_sync()) {
+      Tensor pA = make_tensor(p.tma_load_a.get_tma_descriptor(), Int<1>{}, Int<1>{});
+      Tensor sA = make_tensor(make_smem_ptr(&shared_tensormaps.smem_tensormap_A), Int<1>{}, Int<1>{});
+      Tensor pB = make_tensor(p.tma_load_bh.get_tma_descriptor(), Int<1>{}, Int<1>{});
+      Tensor sB = make_tensor(make_smem_ptr(&shared_tensormaps.smem_tensormap_B), Int<1>{}, Int<1>{});
+      copy(recast<uint128_t>(pA), recast<uint128_t>(sA));
+      copy(recast<uint128_t>(pB), recast<uint128_t>(sB));
+    }
+    __syncwarp();
+    return cute::make_tuple(tma_desc_a, tma_desc_b);
+  }
+
+  // A new group: its addresses, shapes and strides into the tensormaps (B's through the half-tile TMA), and where
+  // its up rows start.
+  template <class TensorMapA, class TensorMapB, class ProblemShape_MNKL>
+  CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage& shared_tensormaps, Params const& p,
+                                                cute::tuple<TensorMapA, TensorMapB> const&,
+                                                ProblemShape_MNKL problem_shape_mnkl, int32_t next_batch) {
+    using namespace cute;
+    up_tiles_ = static_cast<int>(get<1>(problem_shape_mnkl)) / 2 / kHalf;
+    if (cute::elect_one_sync()) {
+      Base::tensormaps_replace_global_address(shared_tensormaps, p, next_batch);
+      const uint32_t M = get<0>(problem_shape_mnkl), N = get<1>(problem_shape_mnkl), K = get<2>(problem_shape_mnkl);
+      cute::array<uint32_t, 5> shape_a = {1, 1, 1, 1, 1}, shape_b = {1, 1, 1, 1, 1};
+      cute::array<uint64_t, 5> stride_a = {0, 0, 0, 0, 0}, stride_b = {0, 0, 0, 0, 0};
+      Tensor tensor_a = make_tensor(static_cast<typename Base::InternalElementA const*>(nullptr),
+                                    make_shape(M, K, Int<1>{}), p.dA[next_batch]);
+      Tensor tensor_b = make_tensor(static_cast<InternalElementB const*>(nullptr), make_shape(N, K, Int<1>{}),
+                                    p.dB[next_batch]);
+      cute::detail::fill_tma_gmem_shape_stride(p.tma_load_a, tensor_a, shape_a, stride_a);
+      cute::detail::fill_tma_gmem_shape_stride(p.tma_load_bh, tensor_b, shape_b, stride_b);
+      for (uint64_t& s : stride_a) s = (s * sizeof_bits_v<typename Base::InternalElementA>) / 8;
+      for (uint64_t& s : stride_b) s = (s * sizeof_bits_v<InternalElementB>) / 8;
+      cute::tma_descriptor_replace_dims_strides_in_shared_mem(shared_tensormaps.smem_tensormap_A, shape_a, stride_a);
+      cute::tma_descriptor_replace_dims_strides_in_shared_mem(shared_tensormaps.smem_tensormap_B, shape_b, stride_b);
+    }
+  }
+};
+
+}  // namespace mok
