@@ -11,7 +11,8 @@ import mok.fast as fast
 from mok.fast import _backward, _lib, _tiles
 from mok.fast._lib import Operand, Segment
 from mok.harness.bits import assert_bitwise_equal
-from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
+from mok.harness.runner import run_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
@@ -87,14 +88,10 @@ def test_the_library_refuses_a_fused_launch_without_its_input():
 def test_the_switch_keeps_every_output_of_the_layer(monkeypatch, cfg):
     inputs = make_inputs(cfg, 5, device="cuda")
 
-    def outputs():
-        y, ctx = fast.forward(*(inputs[a] for a in LAYER_ARGS))
-        return dict(zip(OUTPUT_NAMES, (y, *fast.backward(ctx, inputs["dy"]))))
-
     monkeypatch.delenv(_tiles.FUSE_ENV, raising=False)
-    want = outputs()
+    want = run_layer(inputs, impl=fast)
     monkeypatch.setenv(_tiles.FUSE_ENV, "1")
-    got = outputs()
+    got = run_layer(inputs, impl=fast)
     for name, t in want.items():
         if t is not None:
             assert_bitwise_equal(got[name], t, f"{_tiles.FUSE_ENV}=1: {name}")

@@ -12,7 +12,8 @@ import mok.fast as fast
 from mok.fast import _forward, _lib, _tiles
 from mok.fast._lib import Operand, Segment
 from mok.harness.bits import assert_bitwise_equal
-from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs, with_stacked_gate_up
+from mok.harness.cases import MoEConfig, make_inputs, with_stacked_gate_up
+from mok.harness.runner import run_layer
 from mok.reference import Dims
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
@@ -79,13 +80,9 @@ def test_the_switch_keeps_every_output_of_the_layer(monkeypatch, cfg):
     assert _forward.fused_gate_up(_dims(cfg), *(inputs[k] for k in ("routed_gate", "routed_up", "shared_gate",
                                                                      "shared_up"))) is not None
 
-    def outputs():
-        y, ctx = fast.forward(*(inputs[a] for a in LAYER_ARGS))
-        return dict(zip(OUTPUT_NAMES, (y, *fast.backward(ctx, inputs["dy"]))))
-
-    want = outputs()
+    want = run_layer(inputs, impl=fast)
     monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "0")
-    got = outputs()
+    got = run_layer(inputs, impl=fast)
     for name, t in want.items():
         if t is not None:
             assert_bitwise_equal(got[name], t, f"{_tiles.FUSE_FWD_ENV}=0: {name}")

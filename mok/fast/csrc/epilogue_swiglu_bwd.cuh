@@ -14,61 +14,16 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
-#include "cutlass/cuda_host_adapter.hpp"
-#include "cutlass/epilogue/dispatch_policy.hpp"
+#include "epilogue_array_base.cuh"
 #include "swiglu_math.cuh"
 
 namespace mok {
 
+// C: g of row 0 (u is N columns further); D: dg of row 0 (du is N columns further).
 template <class StrideCD_>  // pointer to the per-group row-major stride (ld, _1, _0)
-class SwigluBwdEpilogueArray {
+class SwigluBwdEpilogueArray : public EpilogueArrayBase<StrideCD_, float, cutlass::bfloat16_t, const float> {
  public:
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
-  using DispatchPolicy = EpilogueSchedule;
-  using ElementAccumulator = float;
-  using ElementCompute = float;
-  using ElementScalar = float;
-  using ElementC = float;
-  using ElementD = cutlass::bfloat16_t;
-  using ElementOutput = ElementD;
-  using StrideC = StrideCD_;
-  using StrideD = StrideCD_;
-  using InternalStrideC = cute::remove_pointer_t<StrideC>;
-  using InternalStrideD = cute::remove_pointer_t<StrideD>;
-  using GmemTiledCopyC = void;
-  using GmemTiledCopyD = void;
-  struct SharedStorage {};
-  using TensorMapStorage = SharedStorage;
-  // Named by CUTLASS's device adapter (GemmUniversalAdapter::EpilogueOutputOp); the math is operator() below.
-  struct ThreadEpilogueOp {
-    using ElementOutput = cutlass::bfloat16_t;
-    using ElementAccumulator = float;
-    using ElementCompute = float;
-  };
-
-  struct Arguments {
-    ElementC const** ptr_C = nullptr;  // per group: g of row 0 (u is N columns further)
-    StrideC dC{};
-    ElementD** ptr_D = nullptr;        // per group: dg of row 0 (du is N columns further)
-    StrideD dD{};
-  };
-  using Params = Arguments;
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&, int) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const& args) {
-    return args.ptr_C != nullptr && args.ptr_D != nullptr;
-  }
+  using Params = typename EpilogueArrayBase<StrideCD_, float, cutlass::bfloat16_t, const float>::Params;
 
   CUTLASS_HOST_DEVICE explicit SwigluBwdEpilogueArray(Params const& params_) : params(params_) {}
 
