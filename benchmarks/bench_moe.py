@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import mok.fast  # noqa: E402
 from baselines import grouped_mm_path, naive_loop  # noqa: E402
 from mok.harness.bits import rel_error  # noqa: E402
-from mok.harness.cases import MoEConfig, make_routing  # noqa: E402
+from mok.harness.cases import MoEConfig, make_routing, with_stacked_gate_up  # noqa: E402
 from mok.harness.plain import moe_plain  # noqa: E402
 
 CONFIGS = ROOT / "benchmarks" / "configs.json"
@@ -95,10 +95,7 @@ class Method:
     def __init__(self, name: str, inp: dict, weight_grad_dtype: torch.dtype = torch.float32):
         self.name, self.inp, self.wgrad = name, inp, weight_grad_dtype
         if name == "mok_gu":  # gate and up as halves of one [gate; up] tensor (mok.MoE's fp32 casts, HF's gate_up_proj)
-            self.inp = dict(inp)
-            for gate, up, dim in (("routed_gate", "routed_up", 1), ("shared_gate", "shared_up", 0)):
-                if inp[gate] is not None:
-                    self.inp[gate], self.inp[up] = torch.cat([inp[gate], inp[up]], dim).chunk(2, dim)
+            self.inp = with_stacked_gate_up(inp)
         if not name.startswith("mok"):
             self.leaves = {k: (v.detach().clone().requires_grad_(True) if v is not None and v.is_floating_point()
                                else v) for k, v in inp.items() if k in ARGS}

@@ -45,10 +45,9 @@ def main() -> None:
     a = ap.parse_args()
     calls = stub_gpu()
     import mok.fast as fast
-    from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
+    from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs, with_stacked_gate_up
 
-    inp = make_inputs(MoEConfig(T=a.T, H=a.H, I=a.I, E=a.E, K=a.K, S=a.S), 0)
-    inp["routed_gate"], inp["routed_up"] = torch.cat([inp["routed_gate"], inp["routed_up"]], 1).chunk(2, 1)
+    inp = with_stacked_gate_up(make_inputs(MoEConfig(T=a.T, H=a.H, I=a.I, E=a.E, K=a.K, S=a.S), 0))
 
     def step():
         _, ctx = fast.forward(*(inp[k] for k in LAYER_ARGS))

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mok.fast  # noqa: E402
 from bench_moe import ARGS, CONFIGS, SUITE, load_configs, make_bench_inputs, timed  # noqa: E402
+from mok.harness.cases import with_stacked_gate_up  # noqa: E402
 
 
 def short(name: str) -> str:
@@ -52,10 +53,7 @@ def main():
     for c in configs:
         if names and c["name"] not in names:
             continue
-        inp = make_bench_inputs(c, "random")
-        inp["routed_gate"], inp["routed_up"] = torch.cat([inp["routed_gate"], inp["routed_up"]], 1).chunk(2, 1)
-        if inp["shared_gate"] is not None:
-            inp["shared_gate"], inp["shared_up"] = torch.cat([inp["shared_gate"], inp["shared_up"]], 0).chunk(2, 0)
+        inp = with_stacked_gate_up(make_bench_inputs(c, "random"))
         for _ in range(3):
             step(inp)
         torch.cuda.synchronize()

@@ -296,3 +296,13 @@ def test_route_sigmoid_very_negative_logits():
     idx, w = route(logits, 2, score="sigmoid", normalize=True)
     assert idx.tolist() == [[2, 0]], "the two largest scores"
     assert bool(torch.isfinite(w).all()), f"finite logits gave weights {w.tolist()}"
+
+
+def test_assert_outputs_bitwise_equal_names_the_first_output_that_differs():
+    from mok.harness.bits import assert_outputs_bitwise_equal
+
+    want = {"y": torch.tensor([1.0, float("nan")]), "d_x": torch.tensor([2.0]), "d_shared_gate": None}
+    assert_outputs_bitwise_equal({"y": want["y"].clone(), "d_x": want["d_x"].clone(), "d_shared_gate": None}, want,
+                                 "same")  # NaN against the same NaN, None skipped
+    with pytest.raises(AssertionError, match=r"switch: d_x: 1 of 1 elements differ"):
+        assert_outputs_bitwise_equal({"y": want["y"].clone(), "d_x": torch.tensor([-2.0])}, want, "switch")

@@ -77,6 +77,14 @@ def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, name: str
         )
 
 
+def assert_outputs_bitwise_equal(actual: dict, expected: dict, label: str) -> None:
+    """assert_bitwise_equal for each output of `expected` ({name: tensor or None}, e.g. run_layer's) that is not
+    None, named "label: name"; the first mismatching output raises."""
+    for name, t in expected.items():
+        if t is not None:
+            assert_bitwise_equal(actual[name], t, f"{label}: {name}")
+
+
 def rel_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
     """‖actual − reference‖ / ‖reference‖ in float64 (inf if actual has NaN where reference has none)."""
     a, r = actual.detach().double().cpu(), reference.detach().double().cpu()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mok.fast
-from mok.harness.bits import assert_bitwise_equal, raw_bits
+from mok.harness.bits import assert_bitwise_equal, assert_outputs_bitwise_equal, raw_bits
 from mok.fast import _tiles
 from mok.fast._checks import stacked_gate_up
 from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs, with_stacked_gate_up
@@ -17,12 +17,6 @@ CFG = MoEConfig(T=512, H=256, I=128, E=16, K=4, S=128)  # I, S split into the fu
 
 def _same(a: dict, b: dict) -> bool:
     return all((a[k] is None and b[k] is None) or torch.equal(raw_bits(a[k]), raw_bits(b[k])) for k in a)
-
-
-def _assert_same(got: dict, want: dict, label: str) -> None:
-    for k in want:
-        if want[k] is not None:
-            assert_bitwise_equal(got[k], want[k], f"{label}: {k}")
 
 
 @pytest.fixture(scope="module", params=["separate", "stacked"])
@@ -52,7 +46,7 @@ def test_backward_1000_reruns(inputs):
     for i in range(1000):
         g = dict(zip(OUTPUT_NAMES[1:], mok.fast.backward(ctx, inputs["dy"])))
         if not _same(g, g0):
-            _assert_same(g, g0, f"backward rerun {i}")
+            assert_outputs_bitwise_equal(g, g0, f"backward rerun {i}")
 
 
 def test_gate_up_halves_of_one_tensor_give_the_separate_tensors_bits(inputs):
@@ -60,7 +54,7 @@ def test_gate_up_halves_of_one_tensor_give_the_separate_tensors_bits(inputs):
     their strides in forward and as one tensor by backward's d_x GEMM, the bits do not change."""
     stacked = with_stacked_gate_up(inputs)
     assert not stacked["routed_gate"].is_contiguous()
-    _assert_same(run_layer(stacked, impl=mok.fast), run_layer(inputs, impl=mok.fast), "gate/up halves")
+    assert_outputs_bitwise_equal(run_layer(stacked, impl=mok.fast), run_layer(inputs, impl=mok.fast), "gate/up halves")
 
 
 def test_cuda_graph_replay_matches_eager(inputs):
@@ -83,7 +77,7 @@ def test_cuda_graph_replay_matches_eager(inputs):
                 v.fill_(7)
         graph.replay()
         torch.cuda.synchronize()
-        _assert_same(out, eager, "graph replay")
+        assert_outputs_bitwise_equal(out, eager, "graph replay")
     # new data copied into the static inputs flows through the graph
     fresh = make_inputs(CFG, seed=4, routing="random", device="cuda")
     for k, v in fresh.items():
@@ -91,7 +85,7 @@ def test_cuda_graph_replay_matches_eager(inputs):
             static[k].copy_(v)
     graph.replay()
     torch.cuda.synchronize()
-    _assert_same(out, run_layer(fresh, impl=mok.fast), "graph replay, new inputs")
+    assert_outputs_bitwise_equal(out, run_layer(fresh, impl=mok.fast), "graph replay, new inputs")
 
 
 def test_other_stream_matches(inputs):
@@ -102,7 +96,7 @@ def test_other_stream_matches(inputs):
         other = run_layer(inputs, impl=mok.fast)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    _assert_same(other, base, "side stream")
+    assert_outputs_bitwise_equal(other, base, "side stream")
 
 
 def _subset(inputs: dict, rows: torch.Tensor) -> dict:

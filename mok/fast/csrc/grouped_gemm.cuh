@@ -73,10 +73,10 @@ struct GroupedGemm {
   static constexpr int AlignA = 8, AlignB = 8;
   static constexpr int AlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
 
-  static constexpr bool kSwiglu = kEpi == Epi::kSwigluBwd;
+  static constexpr bool kSwigluBwd = kEpi == Epi::kSwigluBwd;
   static constexpr bool kSwigluFwd = kEpi == Epi::kSwigluFwd;
-  static constexpr bool kHasAux = kSwiglu || kSwigluFwd;  // segments carry operand aux (MokSegment.aux)
-  static_assert(!kSwiglu || cute::is_same_v<ElementD, cutlass::bfloat16_t>, "the SwiGLU backward writes bf16");
+  static constexpr bool kHasAux = kSwigluBwd || kSwigluFwd;  // segments carry operand aux (MokSegment.aux)
+  static_assert(!kSwigluBwd || cute::is_same_v<ElementD, cutlass::bfloat16_t>, "the SwiGLU backward writes bf16");
   static_assert(!kSwigluFwd || cute::is_same_v<ElementD, float>, "the SwiGLU forward writes fp32 [g | u]");
   // Operand aux: the fp32 [g | u] the SwiGLU backward reads, or the bf16 a the SwiGLU forward writes.
   using ElementAux = cute::conditional_t<kSwigluFwd, cutlass::bfloat16_t, const float>;
@@ -90,7 +90,7 @@ struct GroupedGemm {
   using SwigluFwdEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
       SwigluFwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>;
   using CollectiveEpilogue = cute::conditional_t<
-      kSwiglu, SwigluEpilogue, cute::conditional_t<kSwigluFwd, SwigluFwdEpilogue, LinearEpilogue>>;
+      kSwigluBwd, SwigluEpilogue, cute::conditional_t<kSwigluFwd, SwigluFwdEpilogue, LinearEpilogue>>;
 
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, AlignA, ElementB,
@@ -245,12 +245,10 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
   for (int j = 0; j < n_segs; ++j) {
     list.s[j] = segs[j];
     groups += segs[j].num_groups;
-    if (G::kSwiglu && segs[j].aux.base == nullptr)
-      return set_error("segment %d: operand aux (the [g | u] input) is null", j);
-    if (G::kSwigluFwd && segs[j].aux.base == nullptr)
-      return set_error("segment %d: operand aux (the a output) is null", j);
+    if (G::kHasAux && segs[j].aux.base == nullptr)
+      return set_error("segment %d: operand aux (%s) is null", j, G::kSwigluFwd ? "the a output" : "the [g | u] input");
     if (!G::kHasAux && segs[j].aux.base != nullptr)
-      return set_error("segment %d: operand aux is set but this kind reads none", j);
+      return set_error("segment %d: operand aux is set but this kind has none", j);
     if (G::kSwigluFwd && (segs[j].rows_dim != 0 || segs[j].n % G::kTileN != 0))
       return set_error("segment %d: n = %d must be a multiple of %d (gate and up halves of whole tiles) with rows "
                        "as M", j, segs[j].n, G::kTileN);
