@@ -85,7 +85,7 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
                 with torch.no_grad():
                     r = m.route(x)
                 inp = {"x": x.detach(), "topk_idx": r.topk_idx, "topk_weight": r.topk_weight,
-                       "shared_gate": m.w_shared_gate_SH, "shared_up": m.w_shared_up_SH,
+                       "shared_gate": m.w_shared_gate_SH, "shared_up": m.w_shared_up_SH,  # halves of one tensor
                        "shared_down": m.w_shared_down_HS, "routed_gate": m.w_gate_LIH, "routed_up": m.w_up_LIH,
                        "routed_down": m.w_down_LHI}
                 inp = {k: (v.detach() if v is not None else None) for k, v in inp.items()}

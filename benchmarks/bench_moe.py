@@ -8,6 +8,7 @@ the bf16 peak measured in the same run (8192^3 matmul) and peak GPU memory.
 Usage: python benchmarks/bench_moe.py [--configs a,b] [--routings random,skewed] [--methods mok,grouped_mm,naive]
        (method mok_gu: mok with gate and up passed as the halves of one [gate; up] tensor)
        python benchmarks/bench_moe.py --suite   (public model shapes of suite.json, mok vs grouped_mm, random routing)
+       [--timing stream]   (reps queued back to back instead of one at a time; see `timed`)
        python benchmarks/bench_moe.py --module   (mok.MoE vs the mok.fast layer vs a plain PyTorch module)
 """
 from __future__ import annotations
@@ -152,6 +153,10 @@ def main() -> None:
     ap.add_argument("--methods", default="mok,grouped_mm,naive")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--timing", choices=["sync", "stream"], default="sync",
+                    help="sync: the host waits for each rep (one isolated call, host latency included; default); "
+                         "stream: reps queued back to back, one wait at the end (as a training loop and "
+                         "triton.testing.do_bench run)")
     ap.add_argument("--json", default="")
     ap.add_argument("--module", action="store_true",
                     help="time mok.MoE (router + losses + layer) against the layer alone and a plain PyTorch module")
@@ -176,6 +181,8 @@ def main() -> None:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"bf16 peak (8192^3 matmul, median of 10): {peak:.0f} TFLOP/s")
     print(f"mok weight gradients: {str(wgrad).removeprefix('torch.')} (grouped_mm: the weights' dtype, bf16)")
+    print(f"timing: {a.timing} (" + ("the host waits for each rep" if a.timing == "sync" else
+                                     "reps queued back to back, one wait at the end") + ")")
     if a.module:
         import bench_module
 
@@ -204,8 +211,8 @@ def main() -> None:
                 reps = a.reps
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-                t_f = timed(meth.fwd, a.warmup, reps)
-                t_fb = timed(meth.fwd_bwd, a.warmup, reps)
+                t_f = timed(meth.fwd, a.warmup, reps, a.timing)
+                t_fb = timed(meth.fwd_bwd, a.warmup, reps, a.timing)
                 mem = torch.cuda.max_memory_allocated() / 2**30
                 rows.append(dict(config=c["name"], routing=routing, method=m, fwd_ms=t_f, fb_ms=t_fb,
                                  fwd_tflops=fwd_flops / t_f / 1e9, fb_tflops=3 * fwd_flops / t_fb / 1e9,
@@ -232,7 +239,7 @@ def main() -> None:
             slower.append(f"{r['config']} {r['routing']} vs {r['method']} ({', '.join(lost)})")
     print(f"\nmok slower than another method on: {', '.join(slower) if slower else 'none'}")
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(peak_tflops=peak, rows=rows), indent=1))
+        Path(a.json).write_text(json.dumps(dict(peak_tflops=peak, timing=a.timing, rows=rows), indent=1))
 
 
 if __name__ == "__main__":

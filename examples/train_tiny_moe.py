@@ -41,8 +41,8 @@ import mok
 from mok.nn import ops
 from mok.reference import all_gather_cat, check_same_across_ranks, tree_sum
 
-ROUTED = ("w_gate_LIH", "w_up_LIH", "w_down_LHI")  # this rank's L experts
-EXPERT_PARAMS = ROUTED + ("w_shared_gate_SH", "w_shared_up_SH", "w_shared_down_HS")  # shared: replicated
+ROUTED = ("w_gate_up_L2IH", "w_down_LHI")  # this rank's L experts
+EXPERT_PARAMS = ROUTED + ("w_shared_gate_up_2SH", "w_shared_down_HS")  # shared: replicated
 
 
 @dataclass

@@ -5,7 +5,7 @@ subpackages `mok.reference` (the bit-exact contract), `mok.fast` (CUDA, Hopper),
 and `mok.harness` (goldens, verify, diff-grads; `pip install mok[harness]`) are imported on first use.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _LAZY = {"MoE": "mok.nn", "RouterLosses": "mok.nn", "Routing": "mok.nn",
          "moe": "mok.nn.ops", "router": "mok.nn.ops", "router_losses": "mok.nn.ops"}

@@ -67,13 +67,12 @@ def gather_rows(x_TH, pair_row, capacity, x_RH):
 
 
 def _operand(op, e: int, row_off: int, rows: int, cols: int) -> torch.Tensor:
-    flat = op.tensor.view(-1)
-    start = op.offset + e * op.expert_stride + row_off * op.row_stride
-    return flat.as_strided((rows, cols), (op.ld, 1), flat.storage_offset() + start)
+    start = op.offset + e * op.expert_stride + row_off * op.row_stride  # elements from op.tensor's first one
+    return op.tensor.as_strided((rows, cols), (op.ld, 1), op.tensor.storage_offset() + start)
 
 
 def grouped_gemm(kind, segments, device, variant=0):
-    assert 0 <= variant < _lib.NUM_GEMM_VARIANTS  # every variant gives the same bits: one emulation
+    _lib.check_segments(kind, segments, device, variant)  # the real launch's checks (contiguous operands, ...)
     for s in segments:
         for e in range(s.num_groups):
             if s.offsets is not None:

@@ -88,7 +88,7 @@ def _scenario_ep(rank, W, tmp):
     m = _moe(group=mesh, device="meta")
     out = _run_layer(m, rank, W)
     out["placements"] = {n: p.placements for n, p in m.named_parameters()}
-    assert isinstance(m.w_gate_LIH, DTensor) and m.w_gate_LIH.placements == (Shard(0),)
+    assert isinstance(m.w_gate_up_L2IH, DTensor) and m.w_gate_up_L2IH.placements == (Shard(0),)
     assert m.w_router_EH.placements == (Replicate(),)
     return out
 
@@ -224,7 +224,7 @@ def _check_against_single(got, W, *, bitwise_grads):
     assert not [w for w in got["warnings"] if "view" in w], got["warnings"]
 
 
-_MOK_REDUCED = {"w_gate_LIH", "w_up_LIH", "w_down_LHI", "w_shared_gate_SH", "w_shared_up_SH", "w_shared_down_HS"}
+_MOK_REDUCED = {"w_gate_up_L2IH", "w_down_LHI", "w_shared_gate_up_2SH", "w_shared_down_HS"}
 
 
 @pytest.mark.slow
@@ -236,7 +236,7 @@ def test_dtensor_expert_parallel_equals_one_process(W, w2, w4):
     """Experts and shared expert: bitwise (mok reduces them itself); router: a Partial gradient summed by DTensor."""
     got = {2: w2, 4: w4}[W]["ep"]
     _check_against_single(got, W, bitwise_grads=_MOK_REDUCED)
-    for n in ("w_gate_LIH", "w_up_LIH", "w_down_LHI"):
+    for n in ("w_gate_up_L2IH", "w_down_LHI"):
         assert "Shard(dim=0)" in str(got["placements"][n])
 
 
@@ -258,7 +258,7 @@ def test_dcp_saved_at_w2_loads_at_w4_and_w1(w2, w4, tmp):
     import torch.distributed.checkpoint as dcp
 
     saved = w2["dcp_save"]["saved"]
-    assert not torch.equal(saved["w_gate_LIH"], _single(2, step=False)["init"]["w_gate_LIH"])  # a trained state
+    assert not torch.equal(saved["w_gate_up_L2IH"], _single(2, step=False)["init"]["w_gate_up_L2IH"])  # a trained state
     for n, v in saved.items():
         assert_bitwise_equal(w4["dcp_load"]["loaded"][n], v, f"W=4 {n}")
     m = _moe(device="meta").to_empty(device="cpu")  # W = 1: plain tensors with the global shapes

@@ -121,6 +121,55 @@ def test_autograd_op_saves_and_reloads_the_expert_parallel_context():
         assert_bitwise_equal(got[k], want[k].to(got[k].dtype), f"ops.moe {k}")
 
 
+def _run_fp32_op(rank, world_size, group, inputs, W, stacked_op):
+    """ops.moe (separate fp32 gate and up leaves, which the op rounds into one bf16 [gate; up]) or ops.moe_gate_up
+    (one fp32 [gate; up] leaf each) on the fast backend: y, d_x and the gate/up gradients as [gate; up]."""
+    import fast_emulator
+
+    from mok.nn import ops
+
+    fast_emulator.install()
+    fast_emulator.stub_streams()  # W = 1 runs the one-GPU path (mok/fast/_backward.py run_backward)
+    if W == 1:
+        group = None
+    local = shard_inputs(inputs, rank, W)
+    leaf = {k: (v.float().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() and
+                k not in ("x", "topk_weight") else v) for k, v in local.items()}
+    x = local["x"].clone().requires_grad_()
+    out = {}
+    if stacked_op:
+        rgu = torch.cat([leaf["routed_gate"], leaf["routed_up"]], 1).detach().requires_grad_()
+        sgu = torch.cat([leaf["shared_gate"], leaf["shared_up"]]).detach().requires_grad_()
+        y = ops.moe_gate_up(x, local["topk_idx"], local["topk_weight"], sgu, leaf["shared_down"], rgu,
+                            leaf["routed_down"], group=group, backend="fast")
+        y.backward(local["dy"])
+        out["d_rgu"], out["d_sgu"] = rgu.grad, sgu.grad
+    else:
+        y = ops.moe(x, local["topk_idx"], local["topk_weight"], *(leaf[k] for k in LAYER_ARGS[3:]), group=group,
+                    backend="fast")
+        y.backward(local["dy"])
+        for k in ("routed_gate", "routed_up", "shared_gate", "shared_up"):  # two tensors each, not views of one
+            assert leaf[k].grad.is_contiguous() and leaf[k].grad.dtype == torch.float32, k
+        out["d_rgu"] = torch.cat([leaf["routed_gate"].grad, leaf["routed_up"].grad], 1)
+        out["d_sgu"] = torch.cat([leaf["shared_gate"].grad, leaf["shared_up"].grad])
+    out.update(y=y.detach(), d_x=x.grad)
+    import mok.fast
+    mok.fast.release_ep_buffers()
+    return {k: v.detach().clone() for k, v in out.items()}
+
+
+@pytest.mark.parametrize("W", [1, 2])  # the one-GPU path (no group) / the expert-parallel path over two ranks
+def test_fp32_weights_through_both_ops_give_the_same_bits_and_unaliased_gradients(W):
+    """fp32 master weights on the fast backend: ops.moe with separate gate and up (rounded into one bf16 [gate; up]
+    that the backward reads as is) returns two separate gradient tensors, and ops.moe_gate_up (one [gate; up]
+    tensor) the same values as one; y and d_x bitwise the same too."""
+    inputs = make_inputs(CFGS["sliced"], seed=26)
+    got = {op: launch(_run_fp32_op, (inputs, W, op), W, timeout_s=60) for op in (False, True)}
+    for rank in range(W):
+        for k in ("y", "d_x", "d_rgu", "d_sgu"):
+            assert_bitwise_equal(got[True][rank][k], got[False][rank][k], f"W={W} rank {rank} {k}")
+
+
 def test_bad_ids_on_one_rank_make_every_output_nan_on_every_rank():
     inputs = make_inputs(CFGS["shared"], seed=24)
     inputs["topk_idx"][-1, 0] = 99  # a token of the last rank

@@ -56,23 +56,34 @@ def test_the_op_rounds_float32_gate_up_pairs_into_one_tensor():
     assert stacked_gate_up(rg, ru) is not None and stacked_gate_up(sg, su) is not None
 
 
+def test_one_stacked_float32_tensor_is_rounded_as_one():
+    """`mok.nn.ops.moe_gate_up` (and mok.MoE): a float32 [gate; up] tensor is one cast, whose halves the backend gets."""
+    tensors = [_w(5, H), _w(2 * S, H), None, _w(H, S), _w(L, 2 * I, H), None, _w(L, H, I)]
+    plan = ops._layer_plan(tensors)
+    casts = ops._casts(tensors, plan)
+    assert len(casts) == 5 and [tuple(c.shape) for c in casts][1::2] == [(2 * S, H), (L, 2 * I, H)]
+    x16, sgu, _, sd, rgu, _, rd = ops._with_casts(tensors, plan, casts)
+    for half in (ops._halves(sgu, None), ops._halves(rgu, None)):
+        assert stacked_gate_up(*half) is not None
+
+
 def test_bf16_halves_pass_through_the_op_as_they_are():
     gate, up = _w(L, 2 * I, H).to(torch.bfloat16).chunk(2, dim=1)
     tensors = [_w(5, H).to(torch.bfloat16), None, None, None, gate, up, _w(L, H, I).to(torch.bfloat16)]
     assert ops._layer_plan(tensors) == []  # nothing rounded, nothing copied
 
 
-def test_transformers_gate_up_proj_reaches_the_layer_as_halves_of_one_tensor(monkeypatch):
+def test_transformers_gate_up_proj_reaches_the_layer_as_one_tensor(monkeypatch):
     pytest.importorskip("transformers")
     from mok.hf import experts as hf_experts
 
     seen = {}
 
-    def spy(x, idx, w, sg, su, sd, rg, ru, rd, **kw):
-        seen["stacked"] = stacked_gate_up(rg, ru)
+    def spy(x, idx, w, sgu, sd, rgu, rd, **kw):
+        seen["stacked"] = stacked_gate_up(*rgu.chunk(2, dim=1))
         return torch.zeros_like(x, dtype=torch.bfloat16)
 
-    monkeypatch.setattr(hf_experts.ops, "moe", spy)
+    monkeypatch.setattr(hf_experts.ops, "moe_gate_up", spy)
     for transposed, concatenated in ((False, True), (True, True), (False, False)):
         mod = torch.nn.Module()
         w = _w(L, H, 2 * I) if transposed else _w(L, 2 * I, H)

@@ -87,8 +87,8 @@ def test_mok_matches_hf_within_twice_hf_bf16_error(H, I, E, K, normalize, seed):
         "y": (y_mok, y_hf, y64),
         "d_x": (dx_mok, dx_hf, dx64),
         "d_router": (m.w_router_EH.grad, b16.gate.weight.grad, b64.gate.weight.grad),
-        "d_gate": (m.w_gate_LIH.grad, b16.experts.gate_up_proj.grad[:, :I], b64.experts.gate_up_proj.grad[:, :I]),
-        "d_up": (m.w_up_LIH.grad, b16.experts.gate_up_proj.grad[:, I:], b64.experts.gate_up_proj.grad[:, I:]),
+        "d_gate": (m.w_gate_up_L2IH.grad[:, :I], b16.experts.gate_up_proj.grad[:, :I], b64.experts.gate_up_proj.grad[:, :I]),
+        "d_up": (m.w_gate_up_L2IH.grad[:, I:], b16.experts.gate_up_proj.grad[:, I:], b64.experts.gate_up_proj.grad[:, I:]),
         "d_down": (m.w_down_LHI.grad, b16.experts.down_proj.grad, b64.experts.down_proj.grad),
     }
     for name, (ours, hf, ref) in pairs.items():

@@ -152,8 +152,8 @@ def test_one_layer_model_within_twice_hf_bf16_error(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_two_layer_model_runs_mok_and_keeps_hf_router_and_aux_loss(family, monkeypatch):
     calls = []
-    real = ops.moe
-    monkeypatch.setattr(ops, "moe", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    real = ops.moe_gate_up
+    monkeypatch.setattr(ops, "moe_gate_up", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
     hf = _model(family, layers=2).to(torch.bfloat16)
     ours = copy.deepcopy(hf)
     ours.set_experts_implementation("mok")

@@ -41,8 +41,39 @@ def test_parameter_count_and_names(S, expected):
     m = _moe(shared_intermediate_size=S)
     assert sum(p.numel() for p in m.parameters()) == expected
     names = {n for n, _ in m.named_parameters()}
-    assert {"w_router_EH", "w_gate_LIH", "w_up_LIH", "w_down_LHI"} <= names
-    assert ("w_shared_gate_SH" in names) == bool(S)
+    assert names == {"w_router_EH", "w_gate_up_L2IH", "w_down_LHI"} | (
+        {"w_shared_gate_up_2SH", "w_shared_down_HS"} if S else set())
+    # the gate and up names are views of the stacked parameters' halves
+    for half, stacked, dim in (("w_gate_LIH", "w_gate_up_L2IH", 1), ("w_up_LIH", "w_gate_up_L2IH", 1),
+                               ("w_shared_gate_SH", "w_shared_gate_up_2SH", 0),
+                               ("w_shared_up_SH", "w_shared_gate_up_2SH", 0)):
+        p = getattr(m, stacked)
+        if p is None:
+            assert getattr(m, half) is None
+            continue
+        i = half.endswith("up_LIH") or half.endswith("up_SH")
+        assert getattr(m, half).data_ptr() == p.chunk(2, dim)[i].data_ptr() and getattr(m, half).shape == \
+            p.chunk(2, dim)[i].shape, half
+
+
+@pytest.mark.parametrize("S", [0, 8])  # without / with the shared expert
+def test_a_state_dict_with_separate_gate_and_up_loads_stacked(S):
+    """A checkpoint of mok 0.2 (separate w_gate_LIH / w_up_LIH and shared tensors) loads into the stacked
+    parameters: the same module bits as loading its stacked form."""
+    a = _moe(shared_intermediate_size=S)
+    old = dict(a.state_dict())
+    for stacked, (gate, up), dim in (("w_gate_up_L2IH", ("w_gate_LIH", "w_up_LIH"), 1),
+                                     ("w_shared_gate_up_2SH", ("w_shared_gate_SH", "w_shared_up_SH"), 0)):
+        if stacked in old:
+            old[gate], old[up] = (t.clone() for t in old.pop(stacked).chunk(2, dim))
+    torch.manual_seed(5)
+    b = mok.MoE(16, 8, 4, 2, shared_intermediate_size=S)
+    b.load_state_dict(old)
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert_bitwise_equal(q, p, n)
+    half = {k: v for k, v in old.items() if k != "w_up_LIH"}  # one of a pair alone: named, not guessed
+    with pytest.raises(RuntimeError, match="w_gate_up_L2IH"):
+        mok.MoE(16, 8, 4, 2, shared_intermediate_size=S).load_state_dict(half)
 
 
 def test_state_dict_round_trip_gives_same_bits():
@@ -80,17 +111,22 @@ def test_module_equals_functional_reference(S, score, normalize):
                                    m.w_down_LHI.detach())
     assert_bitwise_equal(y, y_ref, "y")
     g = reference.backward(ctx, dy)
-    assert_bitwise_equal(m.w_gate_LIH.grad, g[2].to(torch.bfloat16), "d_routed_gate")
+    d_gate, d_up = m.w_gate_up_L2IH.grad.chunk(2, dim=1)
+    assert_bitwise_equal(d_gate, g[2].to(torch.bfloat16), "d_routed_gate")
+    assert_bitwise_equal(d_up, g[3].to(torch.bfloat16), "d_routed_up")
     assert_bitwise_equal(m.w_down_LHI.grad, g[4].to(torch.bfloat16), "d_routed_down")
+    if S:
+        assert_bitwise_equal(m.w_shared_gate_up_2SH.grad, torch.cat([g[5], g[6]]).to(torch.bfloat16), "d_shared_gu")
 
 
 def test_fp32_master_weights_get_unrounded_fp32_gradients():
     m = _moe()
     x = torch.randn(9, 16)
     m(x).float().square().sum().backward()
-    assert m.w_gate_LIH.grad.dtype == torch.float32
+    grad = m.w_gate_up_L2IH.grad
+    assert grad.dtype == torch.float32
     # an fp32 tree sum of exact products: not all values are bf16-representable
-    assert not torch.equal(m.w_gate_LIH.grad, m.w_gate_LIH.grad.to(torch.bfloat16).float())
+    assert not torch.equal(grad, grad.to(torch.bfloat16).float())
 
 
 def test_rerun_gives_identical_bits():

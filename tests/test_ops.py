@@ -50,7 +50,82 @@ def test_opcheck_moe(S, weight_dtype, x_dtype, recompute):
             bf16_args[3:5], bf16_args[5] = next(pairs).chunk(2), next(pairs)
         bf16_args[6:8], bf16_args[8] = next(pairs).chunk(2, 1), next(pairs)
     for bf16_grads in (False, True):  # fp32 weight gradients / bf16 ones (for bf16 parameters)
-        torch.library.opcheck(ops.moe_bwd, (dy, *bf16_args, saved, None, "reference", recompute, bf16_grads))
+        torch.library.opcheck(ops.moe_bwd, (dy, *bf16_args, saved, None, "reference", recompute, bf16_grads,
+                                            False, False))
+
+
+def _stacked(gate, up, dim):
+    return None if gate is None else torch.cat([gate, up], dim).detach().requires_grad_()
+
+
+@pytest.mark.parametrize("S, weight_dtype, recompute", [
+    (8, torch.bfloat16, False),  # shared expert, bf16 weights (used as given: the halves are views)
+    (8, torch.float32, False),   # fp32 master weights: each stacked tensor rounded to bf16 as one
+    (0, torch.bfloat16, False),  # no shared expert
+    (8, torch.float32, True),    # recompute: only inputs saved
+])
+def test_moe_gate_up_is_moe_on_the_halves_with_one_gradient_per_stacked_tensor(S, weight_dtype, recompute):
+    """ops.moe_gate_up (gate and up as one [gate; up] tensor): y, d_x, d_topk_weight and d_down bitwise those of
+    ops.moe on the separate tensors, and each stacked tensor's gradient is [d_gate; d_up] bitwise; opcheck of
+    both ops in that form."""
+    args, dy = _layer_args(S, weight_dtype)
+    x, idx, w, sg, su, sd, rg, ru, rd = args
+    sgu, rgu = _stacked(sg, su, 0), _stacked(rg, ru, 1)
+    leaves = [_req(t) for t in (x, w, sd, rd)]
+    y = ops.moe(x, idx, w, sg, su, sd, rg, ru, rd, recompute=recompute)
+    y.backward(dy)
+    y2 = ops.moe_gate_up(leaves[0], idx, leaves[1], sgu, leaves[2], rgu, leaves[3], recompute=recompute)
+    y2.backward(dy)
+    assert_bitwise_equal(y2, y, "y")
+    for name, got, want in (("d_x", leaves[0], x), ("d_topk_weight", leaves[1], w), ("d_routed_down", leaves[3], rd),
+                            ("d_shared_down", leaves[2], sd)):
+        if want is not None:
+            assert_bitwise_equal(got.grad, want.grad, name)
+    assert rgu.grad.dtype == weight_dtype
+    assert_bitwise_equal(rgu.grad, torch.cat([rg.grad, ru.grad], 1), "d_routed_gate_up")
+    if S:
+        assert_bitwise_equal(sgu.grad, torch.cat([sg.grad, su.grad], 0), "d_shared_gate_up")
+    fwd_args = (x, idx, w, sgu, None, sd, rgu, None, rd, None, "reference", recompute)
+    torch.library.opcheck(ops.moe_fwd, fwd_args)
+    out = [t.detach() for t in ops.moe_fwd(*[_detach(a) if isinstance(a, torch.Tensor) else a for a in fwd_args])]
+    n_casts = (2 if S else 1) * 2 if weight_dtype == torch.float32 else 0  # each stacked tensor and each down
+    casts, saved = out[1:1 + n_casts], out[1 + n_casts:]
+    bf16 = [_detach(t) for t in (sgu, sd, rgu, rd)]
+    if weight_dtype == torch.float32:
+        bf16 = ([casts[0], casts[1]] if S else [None, None]) + casts[-2:]
+    sg16, su16 = bf16[0].chunk(2) if S else (None, None)
+    rg16, ru16 = bf16[2].chunk(2, 1)
+    bwd_args = (dy, x.detach().to(torch.bfloat16), idx, w.detach(), sg16, su16, bf16[1], rg16, ru16, bf16[3], saved,
+                None, "reference", recompute, weight_dtype == torch.bfloat16, bool(S), True)
+    torch.library.opcheck(ops.moe_bwd, bwd_args)
+    grads = ops.moe_bwd(*bwd_args)
+    assert tuple(grads[2].shape) == tuple(rgu.shape) and grads[3].numel() == 0  # [d_gate; d_up], then nothing
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(routed_gate_up_L2IH=torch.zeros(4, 7, 16)), "routed_gate_up_L2IH: expected 3 dimensions with an even"),
+    (dict(routed_gate_up_L2IH=torch.zeros(8, 16)), "routed_gate_up_L2IH: expected 3 dimensions"),
+    (dict(shared_gate_up_2SH=torch.zeros(15, 16)), "shared_gate_up_2SH: expected 2 dimensions with an even"),
+    (dict(shared_down_HS=None), "shared_gate_up_2SH, shared_down_HS: expected both tensors or both None"),
+])
+def test_moe_gate_up_rejects_a_stacked_tensor_it_cannot_split(bad, match):
+    args, _ = _layer_args(8)
+    x, idx, w, sg, su, sd, rg, ru, rd = args
+    kw = dict(shared_gate_up_2SH=torch.cat([sg, su]).detach(), shared_down_HS=sd,
+              routed_gate_up_L2IH=torch.cat([rg, ru], 1).detach(), routed_down_LHI=rd)
+    kw.update(bad)
+    with pytest.raises(ValueError, match=match):
+        ops.moe_gate_up(x, idx, w, **kw)
+
+
+def test_moe_rejects_a_missing_up_weight():
+    """None for an up weight in ops.moe is a mistake (the stacked form is ops.moe_gate_up), not a stacked gate."""
+    args, _ = _layer_args(8)
+    for i, name in ((7, "routed_up_LIH"), (4, "shared_up_SH")):
+        bad = list(args)
+        bad[i] = None
+        with pytest.raises(ValueError, match=name):
+            ops.moe(*bad)
 
 
 def _detach(t):

@@ -69,7 +69,7 @@ def test_layer_works_without_the_harness_extras(tmp_path):
             "x = torch.randn(5, 16, requires_grad=True)\n"
             "y, rl = m(x, return_router_losses=True)\n"
             "(y.sum() + rl.load_balance).backward()\n"
-            "assert x.grad is not None and m.w_gate_LIH.grad is not None\n"
+            "assert x.grad is not None and m.w_gate_up_L2IH.grad is not None\n"
             "print('ok', mok.__version__)\n")
     env = {**_env(), "PYTHONPATH": str(ROOT)}  # this tree's mok, whatever else is installed
     out = _run([sys.executable, "-c", code], cwd=tmp_path, env=env)

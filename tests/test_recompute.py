@@ -71,9 +71,9 @@ def test_recompute_with_expert_parallelism_matches_single_process():
         parts = launch(_worker, (recompute,), 2)  # 2 gloo processes (mok.harness.dist)
         for name in ("y", "d_x"):
             assert_bitwise_equal(torch.cat([p[name] for p in parts]), ref[name], f"{name} recompute={recompute}")
-        for name in ("w_gate_LIH", "w_up_LIH", "w_down_LHI"):  # this rank's experts, rank order
+        for name in ("w_gate_up_L2IH", "w_down_LHI"):  # this rank's experts, rank order
             assert_bitwise_equal(torch.cat([p[name] for p in parts]), ref[name], f"{name} recompute={recompute}")
-        for name in ("w_shared_gate_SH", "w_shared_up_SH", "w_shared_down_HS"):  # group totals on every rank
+        for name in ("w_shared_gate_up_2SH", "w_shared_down_HS"):  # group totals on every rank
             for p in parts:
                 assert_bitwise_equal(p[name], ref[name], f"{name} recompute={recompute}")
-        assert parts[0]["w_gate_LIH"].shape[0] == L
+        assert parts[0]["w_gate_up_L2IH"].shape[0] == L

@@ -48,7 +48,7 @@ def test_rerun_and_world_size_bitwise_identical(example):
     assert losses[-3:].mean() < losses[:3].mean() - 0.5, losses  # it learns
     _assert_same(first, example.run(cfg, 1, progress=False), "rerun")
     ep = example.run(cfg, 2, progress=False)
-    assert ep[1]["blocks.0.moe.w_gate_LIH"].shape[0] == cfg.experts  # gathered from both ranks
+    assert ep[1]["blocks.0.moe.w_gate_up_L2IH"].shape[0] == cfg.experts  # gathered from both ranks
     _assert_same(first, ep, "W=1 vs W=2")
 
 

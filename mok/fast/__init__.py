@@ -71,7 +71,7 @@ def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, route
                           routed_up, routed_down, dims, group)
 
 
-def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32):
+def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32, separate_gate_up_grads=False):
     """MoE backward.
 
     Args:
@@ -79,6 +79,9 @@ def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32):
         dy: [T, H] bf16, contiguous, on the forward's device.
         weight_grad_dtype: torch.float32 (default) or torch.bfloat16 (the fp32 result rounded once, as
             `.to(torch.bfloat16)` would, without writing it in fp32 first).
+        separate_gate_up_grads: False (default): where gate and up were the halves of one [gate; up] tensor,
+            their gradients are the halves of one new [gate; up] tensor too (the weights' layout); True: always
+            two contiguous tensors.
     Returns:
         (d_x [T,H] bf16, d_topk_weight [T,K] fp32, d_routed_gate [E,I,H], d_routed_up [E,I,H],
          d_routed_down [E,H,I], d_shared_gate [S,H] | None, d_shared_up [S,H] | None,
@@ -87,18 +90,20 @@ def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32):
     if not isinstance(ctx, FastContext):
         raise ValueError(f"ctx: expected the FastContext from mok.fast.forward, got {type(ctx).__name__}")
     if not isinstance(ctx, EPContext):
-        _check_backward_args(ctx, dy, weight_grad_dtype)
-        return run_backward(ctx, dy, weight_grad_dtype)
+        _check_backward_args(ctx, dy, weight_grad_dtype, separate_gate_up_grads)
+        return run_backward(ctx, dy, weight_grad_dtype, separate_gate_up_grads)
     err = None
     try:
-        _check_backward_args(ctx, dy, weight_grad_dtype)
+        _check_backward_args(ctx, dy, weight_grad_dtype, separate_gate_up_grads)
     except (TypeError, ValueError) as e:  # raised on every rank by the pre-flight
         err = e
     preflight("backward", err, [backend_fact("fast")], ctx.group)
-    return run_backward_ep(ctx, dy, weight_grad_dtype)
+    return run_backward_ep(ctx, dy, weight_grad_dtype, separate_gate_up_grads)
 
 
-def _check_backward_args(ctx: FastContext, dy, weight_grad_dtype) -> None:
+def _check_backward_args(ctx: FastContext, dy, weight_grad_dtype, separate_gate_up_grads) -> None:
     if weight_grad_dtype not in (torch.float32, torch.bfloat16):
         raise TypeError(f"weight_grad_dtype: expected torch.float32 or torch.bfloat16, got {weight_grad_dtype}")
+    if not isinstance(separate_gate_up_grads, bool):
+        raise TypeError(f"separate_gate_up_grads: expected a bool, got {separate_gate_up_grads!r}")
     check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)

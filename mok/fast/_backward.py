@@ -139,52 +139,106 @@ def d_input_rows(ctx: FastContext, dgu, dgu_s, w_gu, w_gu_s):
     return dx_RH, dxs
 
 
-def shared_wgrad_segments(rows: int, H: int, S: int, dy, a_s, dgu_s, x, d_sg, d_su, d_sd, s0: int = 0):
-    """(segment of d_sd, segments of d_sg and d_su): the shared expert's weight gradients reduced over
-    `rows` rows in order, for its intermediate columns [s0, s0 + n), n = d_sd.shape[1]:
-    d_sd [H, n] = dyᵀ a_s[:, s0:], d_sg / d_su [n, H] = dg / du[:, s0:]ᵀ x."""
+def shared_down_segment(rows: int, H: int, S: int, dy, a_s, d_sd, s0: int = 0):
+    """The segment of the shared expert's down-weight gradient reduced over `rows` rows in order, for its
+    intermediate columns [s0, s0 + n), n = d_sd.shape[1]: d_sd [H, n] = dyᵀ a_s[:, s0:]."""
     n = d_sd.shape[1]
-    down = Segment.all_wgrad(rows, H, n, Operand(dy, 0, 0, H), Operand(a_s, 0, 0, S, offset=s0),
-                             Operand(d_sd, 0, 0, n))
-    gate_up = [Segment.all_wgrad(rows, n, H, Operand(dgu_s, 0, 0, 2 * S, offset=half * S + s0), Operand(x, 0, 0, H),
-                                 Operand(out, 0, 0, H))
-               for half, out in enumerate((d_sg, d_su))]
-    return down, gate_up
+    return Segment.all_wgrad(rows, H, n, Operand(dy, 0, 0, H), Operand(a_s, 0, 0, S, offset=s0), Operand(d_sd, 0, 0, n))
+
+
+def shared_gate_up_segments(rows: int, H: int, S: int, dgu_s, x, d_sg, d_su, s0: int = 0):
+    """The segments of the shared expert's gate and up weight gradients reduced over `rows` rows in order, for
+    its intermediate columns [s0, s0 + n), n = d_sg.shape[0]: d_sg / d_su [n, H] = dg / du[:, s0:]ᵀ x."""
+    n = d_sg.shape[0]
+    return [Segment.all_wgrad(rows, n, H, Operand(dgu_s, 0, 0, 2 * S, offset=half * S + s0), Operand(x, 0, 0, H),
+                              Operand(out, 0, 0, H))
+            for half, out in enumerate((d_sg, d_su))]
 
 
 def wgrad_kind(dtype: torch.dtype) -> int:
     return _lib.GEMM_TT_BF16 if dtype == torch.bfloat16 else _lib.GEMM_TT_F32
 
 
-def weight_grads(ctx: FastContext, dy, go_RH, dgu, dgu_s, dtype=torch.float32):
-    """(d_rg, d_ru [E, I, H], d_rd [E, H, I], d_sg, d_su [S, H], d_sd [H, S] or None) in `dtype` (fp32, or
-    bf16: the fp32 accumulator rounded once), each reduced over its expert's rows in canonical order;
-    experts with no rows get zeros. dgu_s None: no shared-expert gradients (None)."""
-    d, dev, sched = ctx.dims, dy.device, ctx.sched
+def _gate_up_pair(gate, up, dtype, separate: bool, *shape):
+    """Two new [*shape] `dtype` buffers for the gradients of `gate` and `up`: the halves of one [gate; up] buffer
+    when gate and up are the halves of one tensor (gradients in their weights' layout) and not `separate`, else two
+    tensors."""
+    dev = gate.device
+    if separate or stacked_gate_up(gate, up) is None:
+        return _empty(dev, dtype, *shape), _empty(dev, dtype, *shape)
+    both = _empty(dev, dtype, *shape[:-2], 2 * shape[-2], shape[-1])
+    g, u = both.chunk(2, dim=-2)
+    return g, u
+
+
+def gate_up_weight_grads(ctx: FastContext, dgu, dgu_s, dtype=torch.float32, separate: bool = False):
+    """(d_rg, d_ru [E, I, H], d_sg, d_su [S, H] or None) in `dtype` (fp32, or bf16: the fp32 accumulator rounded
+    once) = dg / du rows ᵀ x rows, each reduced over its expert's rows in canonical order, in one launch; the
+    halves of one [gate; up] buffer where the weights are halves of one tensor, unless `separate`. dgu_s None: no
+    shared-expert gradients (None)."""
+    d, sched = ctx.dims, ctx.sched
     H, I, S, T, E = d.H, d.I, d.S, d.T, d.E
-    kind = wgrad_kind(dtype)
+    rg, ru, _, sg, su, _ = ctx.weights
+    dev = dgu.device
+    d_rg, d_ru = _gate_up_pair(rg, ru, dtype, separate, E, I, H)
+    both = stacked_gate_up(d_rg, d_ru)  # the halves of one [E, 2I, H] buffer: write each through it
+    outs = ([Operand(both, 2 * I * H, 0, H, offset=half * I * H) for half in (0, 1)] if both is not None else
+            [Operand(out, I * H, 0, H) for out in (d_rg, d_ru)])
+    x_rows = Operand(ctx.x_RH, 0, H, H)
+    segs = [Segment.expert_wgrad(sched.offsets, E, I, H, Operand(dgu, 0, 2 * I, 2 * I, offset=half * I), x_rows, out)
+            for half, out in enumerate(outs)]
+    d_sg = d_su = None
+    if S and dgu_s is not None:
+        d_sg, d_su = _gate_up_pair(sg, su, dtype, separate, S, H)
+        segs += shared_gate_up_segments(T, H, S, dgu_s, ctx.x_TH, d_sg, d_su)
+    _tiles.grouped_gemm(wgrad_kind(dtype), segs, dev, H, I)
+    return d_rg, d_ru, d_sg, d_su
+
+
+def down_weight_grads(ctx: FastContext, dy, go_RH, shared: bool, dtype=torch.float32):
+    """(d_rd [E, H, I], d_sd [H, S] or None) in `dtype` = go rows ᵀ a rows (dyᵀ a_s for the shared expert when
+    `shared`), each reduced over its expert's rows in canonical order, in one launch."""
+    d, dev, sched = ctx.dims, go_RH.device, ctx.sched
+    H, I, S, T, E = d.H, d.I, d.S, d.T, d.E
     d_rd = _empty(dev, dtype, E, H, I)
-    d_rg = _empty(dev, dtype, E, I, H)
-    d_ru = _empty(dev, dtype, E, I, H)
-    shared = S and dgu_s is not None
-    d_sg = d_su = d_sd = None
-    if shared:
-        d_sg, d_su, d_sd = _empty(dev, dtype, S, H), _empty(dev, dtype, S, H), _empty(dev, dtype, H, S)
-        s_down, s_gate_up = shared_wgrad_segments(T, H, S, dy, ctx.a_s_TS, dgu_s, ctx.x_TH, d_sg, d_su, d_sd)
     segs = [Segment.expert_wgrad(sched.offsets, E, H, I, Operand(go_RH, 0, H, H), Operand(ctx.a_RI, 0, I, I),
                                  Operand(d_rd, H * I, 0, I))]
-    _tiles.grouped_gemm(kind, segs + ([s_down] if shared else []), dev, H, I)
-    x_rows = Operand(ctx.x_RH, 0, H, H)
-    segs = [Segment.expert_wgrad(sched.offsets, E, I, H, Operand(dgu, 0, 2 * I, 2 * I, offset=half * I), x_rows,
-                                 Operand(out, I * H, 0, H))
-            for half, out in enumerate((d_rg, d_ru))]
-    _tiles.grouped_gemm(kind, segs + (s_gate_up if shared else []), dev, H, I)
-    for g in (d_rg, d_ru, d_rd):
-        _lib.zero_empty(g, sched.offsets, E, sched.flag)
+    d_sd = None
+    if S and shared:
+        d_sd = _empty(dev, dtype, H, S)
+        segs.append(shared_down_segment(T, H, S, dy, ctx.a_s_TS, d_sd))
+    _tiles.grouped_gemm(wgrad_kind(dtype), segs, dev, H, I)
+    return d_rd, d_sd
+
+
+def weight_grads(ctx: FastContext, dy, go_RH, grads_of: list, dtype=torch.float32, separate: bool = False):
+    """(d_rg, d_ru [E, I, H], d_rd [E, H, I], d_sg, d_su [S, H], d_sd [H, S] or None) in `dtype`; experts with no
+    rows get zeros. grads_of: [dgu, dgu_s] (dgu_s None: no shared-expert gradients), emptied here so that the
+    gate/up gradients' inputs are freed before the down gradient's buffer is allocated (the caller must hold no
+    other reference): the layer's peak memory is then one [R, 2I] bf16 buffer lower. separate: as
+    `gate_up_weight_grads`."""
+    dgu, dgu_s = grads_of
+    grads_of.clear()
+    shared = dgu_s is not None
+    d_rg, d_ru, d_sg, d_su = gate_up_weight_grads(ctx, dgu, dgu_s, dtype, separate)
+    del dgu, dgu_s
+    d_rd, d_sd = down_weight_grads(ctx, dy, go_RH, shared, dtype)
+    for g in whole_buffers(d_rg, d_ru, d_rd):
+        _lib.zero_empty(g, ctx.sched.offsets, ctx.dims.E, ctx.sched.flag)
     return d_rg, d_ru, d_rd, d_sg, d_su, d_sd
 
 
-def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32):
+def whole_buffers(d_rg, d_ru, d_rd, d_sg=None, d_su=None, d_sd=None) -> list:
+    """The buffers behind the weight gradients (None ones left out): a gate/up pair that is the halves of one
+    buffer as that one contiguous buffer, for the kernels that fill whole tensors (zero_empty, poison)."""
+    out = []
+    for g, u in ((d_rg, d_ru), (d_sg, d_su)):
+        both = stacked_gate_up(g, u)
+        out += [both] if both is not None else [g, u]
+    return [t for t in (*out, d_rd, d_sd) if t is not None]
+
+
+def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate_gate_up_grads: bool = False):
     """Gradients in the reference's order: d_x, d_topk_weight, routed gate/up/down, shared gate/up/down
     (weight gradients in `weight_grad_dtype`)."""
     d: Dims = ctx.dims
@@ -206,9 +260,10 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32):
     side.wait_stream(main)
     with torch.cuda.stream(side):  # the d_x combine overlaps the weight-gradient GEMMs
         _lib.combine_bwd_dx(dxs, dx_RH, sched.pair_row, sched.flag, d.K, d_x)
-    grads = weight_grads(ctx, dy, go_RH, dgu, dgu_s, weight_grad_dtype)
+    grads_of = [dgu, dgu_s]
+    del dgu, dgu_s  # weight_grads frees them once the gate/up gradients are done
+    grads = weight_grads(ctx, dy, go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads)
     main.wait_stream(side)
-    for g in grads:
-        if g is not None:
-            _lib.poison(g, sched.flag)
+    for g in whole_buffers(*grads):
+        _lib.poison(g, sched.flag)
     return (d_x, d_w, *grads)

@@ -25,8 +25,8 @@ import torch
 
 from ..reference import Dims
 from . import _ep_buffer, _lib, _tiles
-from ._backward import (d_act_swiglu, d_input_rows, gate_up_weights, shared_wgrad_segments, weight_grads,
-                        wgrad_kind)
+from ._backward import (d_act_swiglu, d_input_rows, gate_up_weights, shared_down_segment, shared_gate_up_segments,
+                        weight_grads, wgrad_kind, whole_buffers)
 from ._forward import FastContext, Schedule, _empty, down, gate_up, swiglu
 
 FWD_PUBLISHED, FWD_PUSHED, BWD_PUBLISHED, BWD_PUSHED, BWD_SHARED = range(_ep_buffer.PHASES)
@@ -107,8 +107,9 @@ def shared_weight_grads(buf, d: Dims, rows_all: dict, dtype):
         sg, su, sd = mine[: n * H].view(n, H), mine[n * H: 2 * n * H].view(n, H), mine[2 * n * H:].view(H, n)
     else:
         sg, su, sd = _empty(dev, dtype, S, H), _empty(dev, dtype, S, H), _empty(dev, dtype, H, S)
-    down, gate_up = shared_wgrad_segments(W * T, H, S, rows_all["dy"], rows_all["a_s"], rows_all["dg_s"],
-                                          rows_all["x_b"], sg, su, sd, s0=buf.rank * n)
+    s0 = buf.rank * n
+    down = shared_down_segment(W * T, H, S, rows_all["dy"], rows_all["a_s"], sd, s0=s0)
+    gate_up = shared_gate_up_segments(W * T, H, S, rows_all["dg_s"], rows_all["x_b"], sg, su, s0=s0)
     _tiles.grouped_gemm(wgrad_kind(dtype), [down, *gate_up], dev, H, d.I)
     if not n:
         return sg, su, sd
@@ -121,7 +122,7 @@ def shared_weight_grads(buf, d: Dims, rows_all: dict, dtype):
     return d_sg, d_su, d_sd
 
 
-def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32):
+def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separate_gate_up_grads: bool = False):
     """Gradients in the reference's order (this rank's d_x, d_topk_weight, its local experts' weight
     gradients, the shared expert's full weight gradients)."""
     d, buf = ctx.dims, ctx.buf
@@ -153,9 +154,10 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32):
 
     d_x = _empty(dev, torch.bfloat16, T, H)
     _lib.combine_bwd_dx(dxs, buf.local["dx_slots"], buf.ident, sched.flag, K, d_x)
-    grads = weight_grads(lctx, dy, go_RH, dgu, None, weight_grad_dtype)[:3]
+    grads_of = [dgu, None]
+    del dgu  # weight_grads frees it once the gate/up gradients are done
+    grads = weight_grads(lctx, dy, go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads)[:3]
     grads += shared_weight_grads(buf, d, rows_all, weight_grad_dtype) if S else (None, None, None)
-    for g in grads:  # d_x and d_w: NaN from their kernels when the flag is set
-        if g is not None:
-            _lib.poison(g, sched.flag)
+    for g in whole_buffers(*grads):  # d_x and d_w: NaN from their kernels when the flag is set
+        _lib.poison(g, sched.flag)
     return (d_x, d_w, *grads)

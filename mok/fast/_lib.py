@@ -192,6 +192,17 @@ def _workspace_bytes(kind: int, variant: int, groups: int, device_index: int) ->
 def grouped_gemm(kind: int, segments: list[Segment], device: torch.device, variant: int = 0) -> None:
     """One grouped GEMM launch over `segments` (at most MAX_SEGMENTS) on `device`'s current stream, with
     tile variant `variant` in [0, NUM_GEMM_VARIANTS) (the same bits for every variant; see _tiles.py)."""
+    check_segments(kind, segments, device, variant)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    groups = sum(s.num_groups for s in segments)
+    ws = torch.empty(_workspace_bytes(kind, variant, groups, index), dtype=torch.uint8, device=device)
+    arr = (MokSegment * len(segments))(*[s.c() for s in segments])
+    _call("mok_grouped_gemm", device, kind, variant, arr, len(segments), _p(ws), ws.numel(), index)
+
+
+def check_segments(kind: int, segments: list[Segment], device: torch.device, variant: int) -> None:
+    """`grouped_gemm`'s checks of its arguments (ValueError / TypeError naming the argument); the tests' CPU
+    stand-in of the GEMMs makes them too."""
     if not 1 <= len(segments) <= MAX_SEGMENTS:
         raise ValueError(f"segments: expected 1 to {MAX_SEGMENTS}, got {len(segments)}")
     if not (isinstance(variant, int) and 0 <= variant < NUM_GEMM_VARIANTS):
@@ -209,11 +220,6 @@ def grouped_gemm(kind: int, segments: list[Segment], device: torch.device, varia
             want = " and ".join(str(t).removeprefix("torch.") for t in FUSED_KINDS[kind])
             raise TypeError(f"segments: GEMM kind {kind} takes d and aux of {want}, got {s.d.tensor.dtype} and "
                             f"{s.aux.tensor.dtype}")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    groups = sum(s.num_groups for s in segments)
-    ws = torch.empty(_workspace_bytes(kind, variant, groups, index), dtype=torch.uint8, device=device)
-    arr = (MokSegment * len(segments))(*[s.c() for s in segments])
-    _call("mok_grouped_gemm", device, kind, variant, arr, len(segments), _p(ws), ws.numel(), index)
 
 
 # ---------------------------------------------------------------- schedule and per-row kernels

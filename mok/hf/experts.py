@@ -4,7 +4,7 @@ transformers (>= 5) routes every MoE layer built with `@use_experts_implementati
 `ALL_EXPERTS_FUNCTIONS[config._experts_implementation](experts, hidden_states, top_k_index,
 top_k_weights)`. The model keeps its own parameters (checkpoint keys unchanged), router, shared
 experts, scaling and aux loss; only the routed experts' SwiGLU and the weighted sum over the top-k run
-in mok's layer (`mok.nn.ops.moe`), on the backend "auto" picks (the CUDA fast path on an H100/H200,
+in mok's layer (`mok.nn.ops.moe_gate_up`), on the backend "auto" picks (the CUDA fast path on an H100/H200,
 the bit-exact reference elsewhere).
 
 Supported experts: fused `gate_up_proj` [E, 2I, H] (gate rows first, or interleaved) and `down_proj`
@@ -155,10 +155,10 @@ def make_experts_forward(backend: str = "auto", recompute: bool = False):
         idx, w = top_k_index.long(), top_k_weights.float()
         if getattr(self, "_is_expert_parallel", False):
             gate_up, down, idx, w = _null_experts(gate_up, down, idx, w, self.num_experts)
-        gate, up = gate_up.chunk(2, dim=1)  # views: the fast path's backward reads gate_up as is
-        name = _pick(backend, hidden_states.device, H, gate.shape[1])
-        y = ops.moe(hidden_states.contiguous(), idx.contiguous(), w.contiguous(), None, None, None, gate, up, down,
-                    backend=name, recompute=recompute)
+        name = _pick(backend, hidden_states.device, H, gate_up.shape[1] // 2)
+        # one [gate; up] tensor in, one gradient out: the fast path reads and writes it as is (no concatenation)
+        y = ops.moe_gate_up(hidden_states.contiguous(), idx.contiguous(), w.contiguous(), None, None, gate_up, down,
+                            backend=name, recompute=recompute)
         return y.to(hidden_states.dtype)
 
     return mok_experts_forward

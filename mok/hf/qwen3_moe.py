@@ -159,8 +159,7 @@ def from_hf_qwen3_moe(block, *, dtype=None, backend: str = "auto", group=None, r
     L = m.local_experts
     with torch.no_grad():
         _local(m.w_router_EH).copy_(w["router"])
-        _local(m.w_gate_LIH).copy_(w["gate"][rank * L : (rank + 1) * L])
-        _local(m.w_up_LIH).copy_(w["up"][rank * L : (rank + 1) * L])
+        _local(m.w_gate_up_L2IH).copy_(torch.cat([w["gate"], w["up"]], dim=1)[rank * L : (rank + 1) * L])
         _local(m.w_down_LHI).copy_(w["down"][rank * L : (rank + 1) * L])
     return m
 
@@ -190,7 +189,7 @@ def to_hf_qwen3_moe(moe: MoE, *, dtype=None):
     with torch.no_grad():
         block.gate.weight.copy_(moe.w_router_EH)
         if _is_v5(block):
-            block.experts.gate_up_proj.copy_(torch.cat([moe.w_gate_LIH, moe.w_up_LIH], dim=1))
+            block.experts.gate_up_proj.copy_(moe.w_gate_up_L2IH)  # the same [gate; up] layout
             block.experts.down_proj.copy_(moe.w_down_LHI)
         else:
             for e, m in enumerate(block.experts):

@@ -50,6 +50,39 @@ def _positive_int(name: str, v, minimum: int = 1) -> int:
     return v
 
 
+_SEPARATE = (("w_gate_LIH", "w_up_LIH", "w_gate_up_L2IH", 0), ("w_shared_gate_SH", "w_shared_up_SH",
+                                                                 "w_shared_gate_up_2SH", 0))
+
+
+def _stack_separate_gate_up(state_dict, prefix, *args, **kwargs) -> None:
+    """Load-state-dict pre-hook: a checkpoint with separate gate and up tensors (mok 0.2 and before) gets them
+    stacked into the one [gate; up] tensor the module holds (dim 1 for the routed experts [L, I, H], dim 0 for the
+    shared expert [S, H]). A checkpoint with only one of a pair is left as it is (load_state_dict then names the
+    missing and unexpected keys)."""
+    for gate, up, stacked, _ in _SEPARATE:
+        g, u = prefix + gate, prefix + up
+        if g in state_dict and u in state_dict and prefix + stacked not in state_dict:
+            a, b = state_dict.pop(g), state_dict.pop(u)
+            state_dict[prefix + stacked] = torch.cat([a, b], dim=a.dim() - 2)
+
+
+def _fill_half(src: _init.Source, param, half: int, shape: tuple, fan_in: int, slot: int, experts: bool,
+               first: int) -> None:
+    """Draw the global weight `shape` (the gate, half 0, or the up, half 1) into its rows of the stacked `param`
+    ([L, 2I, H]: every expert's rows [half * I, (half + 1) * I); [2S, H]: rows [half * S, (half + 1) * S)), as far
+    as this rank's box of `param` holds them (a shard along dim 0: whole experts, or any rows of [2S, H])."""
+    local, box, offset = _init.local_box(param, first)
+    n = shape[-2]
+    if param.dim() == 3:  # [L, 2I, H]: the box holds whole experts
+        if any(offset[1:]) or box[1] != 2 * n:
+            raise ValueError(f"param: expected a shard along dim 0 only, got a box {box} at offset {offset}")
+        src.fill(local.narrow(1, half * n, n), shape, fan_in, slot, experts=experts, row_offset=offset[0])
+        return
+    lo, hi = max(offset[0], half * n), min(offset[0] + box[0], (half + 1) * n)  # global rows of this half held here
+    hi = max(lo, hi)  # none: still drawn (fill replays the CPU stream past this weight)
+    src.fill(local[lo - offset[0]: hi - offset[0]], shape, fan_in, slot, experts=experts, row_offset=lo - half * n)
+
+
 class MoE(nn.Module):
     """Router (bias-free gate feeding `mok.reference.route`), optional shared expert, routed SwiGLU experts.
 
@@ -72,8 +105,12 @@ class MoE(nn.Module):
         device: parameter device; "meta" allocates nothing and draws nothing (then `to_empty` and
             `reset_parameters`).
 
-    Parameters (the shape legend of docs/layer.md): w_router_EH [E, H]; w_gate_LIH, w_up_LIH [L, I, H];
-    w_down_LHI [L, H, I]; with S > 0 also w_shared_gate_SH, w_shared_up_SH [S, H], w_shared_down_HS [H, S].
+    Parameters (the shape legend of docs/layer.md): w_router_EH [E, H]; w_gate_up_L2IH [L, 2I, H] (each expert's
+    gate rows, then its up rows, as transformers' `gate_up_proj`: the fast path reads and writes it as one tensor);
+    w_down_LHI [L, H, I]; with S > 0 also w_shared_gate_up_2SH [2S, H] and w_shared_down_HS [H, S].
+    `w_gate_LIH`, `w_up_LIH`, `w_shared_gate_SH`, `w_shared_up_SH` are views of their halves (read them, or write
+    them in place under no_grad; gradients are on the stacked parameters). A state dict with the separate
+    `w_gate_LIH` / `w_up_LIH` (and shared) tensors of mok 0.2 and before loads: each pair is stacked.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, *,
@@ -116,13 +153,13 @@ class MoE(nn.Module):
             return nn.Parameter(t)
 
         self.w_router_EH = p(E, H)
-        self.w_gate_LIH, self.w_up_LIH, self.w_down_LHI = (p(L, I, H, sharded=True), p(L, I, H, sharded=True),
-                                                           p(L, H, I, sharded=True))
+        self.w_gate_up_L2IH, self.w_down_LHI = p(L, 2 * I, H, sharded=True), p(L, H, I, sharded=True)
         if S:
-            self.w_shared_gate_SH, self.w_shared_up_SH, self.w_shared_down_HS = p(S, H), p(S, H), p(H, S)
+            self.w_shared_gate_up_2SH, self.w_shared_down_HS = p(2 * S, H), p(H, S)
         else:
-            for name in ("w_shared_gate_SH", "w_shared_up_SH", "w_shared_down_HS"):
+            for name in ("w_shared_gate_up_2SH", "w_shared_down_HS"):
                 self.register_parameter(name, None)
+        self._register_load_state_dict_pre_hook(_stack_separate_gate_up)
         if self.w_router_EH.device.type != "meta":
             self.reset_parameters()
         self._pick_backend()
@@ -145,16 +182,21 @@ class MoE(nn.Module):
         H, I, E, S, L = (self.hidden_size, self.intermediate_size, self.num_experts,
                          self.shared_intermediate_size, self.local_experts)
         src = _init.Source(generator, self.w_router_EH.device)
-        plan = [("w_router_EH", (E, H), H, False), ("w_gate_LIH", (E, I, H), H, True),
-                ("w_up_LIH", (E, I, H), H, True), ("w_down_LHI", (E, H, I), I, True)]
+        # (parameter, half: None, or 0 / 1 for the gate / up rows of a stacked one, global shape, fan-in, experts):
+        # the drawing order, one slot each (gate and up drawn as separate global tensors, as before they shared one)
+        plan = [("w_router_EH", None, (E, H), H, False), ("w_gate_up_L2IH", 0, (E, I, H), H, True),
+                ("w_gate_up_L2IH", 1, (E, I, H), H, True), ("w_down_LHI", None, (E, H, I), I, True)]
         if S:
-            plan += [("w_shared_gate_SH", (S, H), H, False), ("w_shared_up_SH", (S, H), H, False),
-                     ("w_shared_down_HS", (H, S), S, False)]
-        for slot, (name, shape, fan_in, experts) in enumerate(plan):
+            plan += [("w_shared_gate_up_2SH", 0, (S, H), H, False), ("w_shared_gate_up_2SH", 1, (S, H), H, False),
+                     ("w_shared_down_HS", None, (H, S), S, False)]
+        for slot, (name, half, shape, fan_in, experts) in enumerate(plan):
             param = getattr(self, name)
             # a tensor of L experts (plain, or FSDP2's shard of one) starts at this rank's first expert
             first = self.rank * L if experts and param.shape[0] == L != E else 0
-            src.fill(param, shape, fan_in, slot, experts=experts, row_offset=first)
+            if half is None:
+                src.fill(param, shape, fan_in, slot, experts=experts, row_offset=first)
+                continue
+            _fill_half(src, param, half, shape, fan_in, slot, experts, first)
 
     def _pick_backend(self) -> None:
         device = self.w_router_EH.device
@@ -190,6 +232,25 @@ class MoE(nn.Module):
             return p.to_local(grad_placements=[Partial()] * p.device_mesh.ndim)
         return p.to_local()
 
+    # the gate and up halves of the stacked parameters, as views
+    @property
+    def w_gate_LIH(self) -> torch.Tensor:
+        return self.w_gate_up_L2IH.chunk(2, dim=1)[0]
+
+    @property
+    def w_up_LIH(self) -> torch.Tensor:
+        return self.w_gate_up_L2IH.chunk(2, dim=1)[1]
+
+    @property
+    def w_shared_gate_SH(self) -> torch.Tensor | None:
+        p = self.w_shared_gate_up_2SH
+        return None if p is None else p.chunk(2, dim=0)[0]
+
+    @property
+    def w_shared_up_SH(self) -> torch.Tensor | None:
+        p = self.w_shared_gate_up_2SH
+        return None if p is None else p.chunk(2, dim=0)[1]
+
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
         self._pick_backend()  # the device may have changed
@@ -223,10 +284,9 @@ class MoE(nn.Module):
         given routing; y [T, H] bf16.
         With a group, T is this rank's token count (the same on every rank)."""
         self._ensure_ready()
-        w = [self._local(n) for n in ("w_shared_gate_SH", "w_shared_up_SH", "w_shared_down_HS", "w_gate_LIH",
-                                      "w_up_LIH", "w_down_LHI")]
-        return ops.moe(x_TH, topk_idx_TK, topk_weight_TK, *w, group=self.group, backend=self.backend_in_use,
-                       recompute=self.recompute)
+        w = [self._local(n) for n in ("w_shared_gate_up_2SH", "w_shared_down_HS", "w_gate_up_L2IH", "w_down_LHI")]
+        return ops.moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, *w, group=self.group, backend=self.backend_in_use,
+                               recompute=self.recompute)
 
     def router_losses(self, routing: Routing) -> RouterLosses:
         """Load-balancing loss and z-loss of `routing` (over its T tokens), deterministic."""

@@ -120,12 +120,26 @@ def _empty(dtype, device, *shape):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _or_none(t: Tensor, like: Optional[Tensor]) -> Optional[Tensor]:
-    return None if like is None else t
-
-
 def _none_if_empty(t: Tensor) -> Optional[Tensor]:
     return None if t.numel() == 0 and t.dim() == 1 else t
+
+
+def _halves(gate: Optional[Tensor], up: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """(gate, up): a gate given with up None is one [gate; up] tensor ([L, 2I, H] or [2S, H], gate rows first):
+    its two halves, views (the fast path reads them as one tensor)."""
+    if gate is None or up is not None:
+        return gate, up
+    g, u = gate.chunk(2, dim=-2)
+    return g, u
+
+
+def _joined(gate_grad: Tensor, up_grad: Tensor) -> Tensor:
+    """The [gate; up] gradient of one stacked weight from its two halves' gradients: the one tensor they are
+    halves of (the fast path writes them so), else their concatenation."""
+    from ..fast._checks import stacked_gate_up
+
+    joined = stacked_gate_up(gate_grad, up_grad)
+    return joined if joined is not None else torch.cat([gate_grad, up_grad], dim=-2)
 
 
 # ---------------------------------------------------------------- router
@@ -229,13 +243,15 @@ def _saves(recompute: bool) -> bool:
 def moe_fwd(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
             shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
             routed_down: Tensor, group_name: Optional[str], backend: str, recompute: bool) -> list[Tensor]:
-    """[y, *bf16 copies of the float32 ones among x and the 6 weights, *the backend's saved context]."""
+    """[y, *bf16 copies of the float32 ones among x and the 6 weights, *the backend's saved context].
+    A gate with up None is one stacked [gate; up] tensor (`moe_gate_up`)."""
     tensors = [x, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
     plan = _layer_plan(tensors)
     impl = _impl(backend)
     casts = _casts(tensors, plan, getattr(impl, "cast_pair_bf16", None))
-    x16, *w16 = _with_casts(tensors, plan, casts)
-    y, ctx = impl.forward(x16, topk_idx, topk_weight, *w16, group=_group(group_name))
+    x16, sg, su, sd, rg, ru, rd = _with_casts(tensors, plan, casts)
+    y, ctx = impl.forward(x16, topk_idx, topk_weight, *_halves(sg, su), sd, *_halves(rg, ru), rd,
+                          group=_group(group_name))
     return [y, *casts, *(impl.save_context(ctx) if _saves(recompute) else [])]
 
 
@@ -249,7 +265,9 @@ def _(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate
         return [y, *casts]
     W, _ = reference.world(_group(group_name))
     rows = x.shape[0] * topk_idx.shape[1] if W == 1 else torch.library.get_ctx().new_dynamic_size()
-    saved = _impl(backend).saved_fake(x, topk_idx, tuple(weights[:3]), tuple(weights[3:]), rows)
+    shared = (*_halves(shared_gate, shared_up), shared_down)
+    routed = (*_halves(routed_gate, routed_up), routed_down)
+    saved = _impl(backend).saved_fake(x, topk_idx, shared, routed, rows)
     return [y, *casts, *saved]
 
 
@@ -257,10 +275,11 @@ def _(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate
 def moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
             shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
             routed_down: Tensor, saved: list[Tensor], group_name: Optional[str], backend: str,
-            recompute: bool, bf16_weight_grads: bool) -> list[Tensor]:
+            recompute: bool, bf16_weight_grads: bool, stacked_shared: bool, stacked_routed: bool) -> list[Tensor]:
     """[d_x, d_topk_weight, d_routed_gate, d_routed_up, d_routed_down, d_shared_gate, d_shared_up,
     d_shared_down] from bf16 x and weights; weight grads fp32, or bf16 (the fp32 values rounded once) when
-    `bf16_weight_grads`; shared ones empty [0] without a shared expert."""
+    `bf16_weight_grads`; shared ones empty [0] without a shared expert. stacked_shared / stacked_routed: gate
+    and up are the halves of one stacked tensor: d_gate is then the stacked [d_gate; d_up] and d_up empty [0]."""
     shared, routed = (shared_gate, shared_up, shared_down), (routed_gate, routed_up, routed_down)
     group = _group(group_name)
     impl = _impl(backend)
@@ -270,24 +289,30 @@ def moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared
         _, ctx = impl.forward(x, topk_idx, topk_weight, *shared, *routed, group=group)
     wdt = torch.bfloat16 if bf16_weight_grads else torch.float32
     if backend == "fast":  # writes bf16 weight gradients straight from its GEMMs
-        grads = list(impl.backward(ctx, dy, weight_grad_dtype=wdt))
+        # separate gate and up inputs get two gradient tensors (never aliasing outputs), a stacked one one buffer
+        grads = list(impl.backward(ctx, dy, weight_grad_dtype=wdt, separate_gate_up_grads=not stacked_routed))
     else:
         grads = list(impl.backward(ctx, dy))
         grads[2:] = [g.to(wdt) if g is not None else None for g in grads[2:]]
+    for stacked, i in ((stacked_routed, 2), (stacked_shared, 5)):
+        if stacked:
+            grads[i], grads[i + 1] = _joined(grads[i], grads[i + 1]), None
     return [g if g is not None else _empty(wdt, x.device, 0) for g in grads]
 
 
 @moe_bwd.register_fake
 def _(dy, x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down,
-      saved, group_name, backend, recompute, bf16_weight_grads):
+      saved, group_name, backend, recompute, bf16_weight_grads, stacked_shared, stacked_routed):
     wdt = torch.bfloat16 if bf16_weight_grads else torch.float32
 
-    def like(w):
-        return _empty(wdt, x.device, *w.shape) if w is not None else _empty(wdt, x.device, 0)
+    def like(w, rows=1):
+        return _empty(wdt, x.device, *w.shape[:-2], rows * w.shape[-2], w.shape[-1]) if w is not None else \
+            _empty(wdt, x.device, 0)
 
+    routed = ([like(routed_gate, 2), like(None)] if stacked_routed else [like(routed_gate), like(routed_up)])
+    shared = ([like(shared_gate, 2), like(None)] if stacked_shared else [like(shared_gate), like(shared_up)])
     return [torch.empty_like(x, dtype=torch.bfloat16), _empty(torch.float32, x.device, *topk_weight.shape),
-            like(routed_gate),
-            like(routed_up), like(routed_down), like(shared_gate), like(shared_up), like(shared_down)]
+            *routed, like(routed_down), *shared, like(shared_down)]
 
 
 def _moe_setup(ctx, inputs, output):
@@ -299,6 +324,7 @@ def _moe_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)  # else autograd fills a zero tensor per saved output (GBs) in backward
     ctx.has_shared = weights[0] is not None
+    ctx.stacked = (ctx.has_shared and weights[1] is None, weights[4] is None)  # (shared, routed) [gate; up] given
     ctx.dtypes = [t.dtype if t is not None else None for t in tensors]
     x16, *w16 = _with_casts([x, *weights], plan, casts)
     ctx.save_for_backward(x16, idx, w, *[t if t is not None else x16.new_empty(0) for t in w16], *saved)
@@ -310,14 +336,24 @@ def _moe_backward(ctx, grads):
     if dy is None:
         return (None,) * 12
     x, idx, w, sg, su, sd, rg, ru, rd, *saved = ctx.saved_tensors
+    stacked_shared, stacked_routed = ctx.stacked
     if not ctx.has_shared:
         sg = su = sd = None
+    elif stacked_shared:
+        sg, su = _halves(sg, None)
+    if stacked_routed:
+        rg, ru = _halves(rg, None)
     dt = ctx.dtypes
     bf16_grads = all(t in (None, torch.bfloat16) for t in dt[3:])  # every weight bf16: no fp32 gradients
     d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = moe_bwd(
-        dy.contiguous(), x, idx, w, sg, su, sd, rg, ru, rd, saved, *ctx.args, bf16_grads)
-    shared = [_or_none(g.to(dt[i]), t) for i, g, t in ((3, d_sg, sg), (4, d_su, su), (5, d_sd, sd))]
-    return (d_x.to(dt[0]), None, d_w, *shared, d_rg.to(dt[6]), d_ru.to(dt[7]), d_rd.to(dt[8]), None, None, None)
+        dy.contiguous(), x, idx, w, sg, su, sd, rg, ru, rd, saved, *ctx.args, bf16_grads, stacked_shared,
+        stacked_routed)
+
+    def cast(i, g, given=True):  # the gradient of input i (None when that input was None)
+        return g.to(dt[i]) if dt[i] is not None and given else None
+
+    return (d_x.to(dt[0]), None, d_w, cast(3, d_sg, ctx.has_shared), cast(4, d_su, ctx.has_shared),
+            cast(5, d_sd, ctx.has_shared), cast(6, d_rg), cast(7, d_ru), cast(8, d_rd), None, None, None)
 
 
 moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
@@ -345,8 +381,45 @@ def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if not isinstance(recompute, bool):
         raise TypeError(f"recompute: expected a bool, got {recompute!r}")
+    for name, t in (("routed_up_LIH", routed_up_LIH), ("shared_up_SH", shared_up_SH)):
+        if t is None and (name == "routed_up_LIH" or shared_gate_SH is not None):
+            raise ValueError(f"{name}: expected a tensor, got None (for one [gate; up] tensor use moe_gate_up)")
     out = moe_fwd(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
                   routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute)
+    return out[0]
+
+
+def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_down_HS, routed_gate_up_L2IH,
+                routed_down_LHI, *, group=None, backend: str = "reference", recompute: bool = False) -> Tensor:
+    """`moe` with each expert's gate and up weights as one [gate; up] tensor (gate rows first), as
+    transformers stores `gate_up_proj` and `mok.MoE` its parameters: the same bits as `moe` on its two
+    halves, and one [gate; up] gradient per stacked tensor (the fast path writes it in one buffer, so nothing is
+    concatenated per step).
+
+    Args:
+        shared_gate_up_2SH: [2S, H], with shared_down_HS [H, S]; or both None.
+        routed_gate_up_L2IH: [L, 2I, H]; routed_down_LHI: [L, H, I].
+        The rest as `moe`.
+    Returns:
+        y [T, H] bf16.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if not isinstance(recompute, bool):
+        raise TypeError(f"recompute: expected a bool, got {recompute!r}")
+    for name, t, dims in (("routed_gate_up_L2IH", routed_gate_up_L2IH, 3), ("shared_gate_up_2SH", shared_gate_up_2SH, 2)):
+        if t is None and name == "shared_gate_up_2SH":
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != dims or t.shape[-2] % 2:
+            raise ValueError(f"{name}: expected {dims} dimensions with an even row count (gate rows, then up "
+                             f"rows), got shape {tuple(t.shape)}")
+    if (shared_gate_up_2SH is None) != (shared_down_HS is None):
+        raise ValueError("shared_gate_up_2SH, shared_down_HS: expected both tensors or both None, got "
+                         f"{type(shared_gate_up_2SH).__name__} and {type(shared_down_HS).__name__}")
+    out = moe_fwd(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, None, shared_down_HS,
+                  routed_gate_up_L2IH, None, routed_down_LHI, group_name(group), backend, recompute)
     return out[0]
 
 

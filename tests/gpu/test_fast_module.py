@@ -67,18 +67,17 @@ def test_weights_are_cast_once_per_step(dtype, x_dtype, n_casts):
     model = _model(dtype)
     x, _ = _data(x_dtype)
     routing = model.route(x)
-    out = ops.moe_fwd(x, routing.topk_idx, routing.topk_weight, model.w_shared_gate_SH, model.w_shared_up_SH,
-                      model.w_shared_down_HS, model.w_gate_LIH, model.w_up_LIH, model.w_down_LHI, None, "fast", False)
+    out = ops.moe_fwd(x, routing.topk_idx, routing.topk_weight, model.w_shared_gate_up_2SH, None,
+                      model.w_shared_down_HS, model.w_gate_up_L2IH, None, model.w_down_LHI, None, "fast", False)
     assert len(out) == 1 + n_casts + mok.fast._context.N_SAVED
     for c in out[1:1 + n_casts]:
         assert c.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("dtype, concatenations", [
-    (torch.float32, 0),   # fp32 master weights: gate/up rounded into one tensor, backward reads it as is
-    (torch.bfloat16, 2),  # separate bf16 parameters: backward concatenates routed and shared gate/up once each
-])
-def test_backward_concatenates_gate_and_up_only_for_separate_bf16_parameters(monkeypatch, dtype, concatenations):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # fp32 master weights / bf16 parameters
+def test_the_module_never_concatenates_gate_and_up(monkeypatch, dtype):
+    """mok.MoE holds each gate/up pair as one [gate; up] parameter: the forward reads it (one cast for fp32), the
+    backward's d_x GEMM reads it as is and writes its gradient as one tensor."""
     from mok.fast import _backward
 
     model = _model(dtype)
@@ -86,22 +85,57 @@ def test_backward_concatenates_gate_and_up_only_for_separate_bf16_parameters(mon
     calls = []
     real = _backward._concat
     monkeypatch.setattr(_backward, "_concat", lambda *a: (calls.append(1), real(*a)))
-    _step(model, x, dy)
-    assert len(calls) == concatenations
+    out = _step(model, x, dy)
+    assert not calls
+    assert out["d_w_gate_up_L2IH"].shape == model.w_gate_up_L2IH.shape
+
+
+def _separate_inputs(model, dtype):
+    """The model's weights as separate contiguous gate and up tensors of `dtype` (leaves), for ops.moe."""
+    ws = [model.w_shared_gate_SH, model.w_shared_up_SH, model.w_shared_down_HS, model.w_gate_LIH, model.w_up_LIH,
+          model.w_down_LHI]
+    return [w.detach().to(dtype).clone(memory_format=torch.contiguous_format).requires_grad_() for w in ws]
+
+
+def _ops_step(model, ws, x, dy):
+    """ops.moe (separate gate and up) on the model's routing: y and every gradient."""
+    x = x.detach().clone().requires_grad_()
+    for w in ws:
+        w.grad = None
+    r = model.route(x.detach())
+    y = ops.moe(x, r.topk_idx, r.topk_weight.detach(), *ws, backend="fast")
+    (y.float() * dy).sum().backward()
+    return {"y": y.detach().clone(), "d_x": x.grad.clone(), **{f"d_w{i}": w.grad.clone() for i, w in enumerate(ws)}}
+
+
+def test_separate_bf16_gate_and_up_are_concatenated_once_each_in_backward(monkeypatch):
+    """ops.moe on separate bf16 gate and up tensors: backward concatenates the routed and the shared pair once each
+    (the d_x GEMM reads [gate; up] as one operand)."""
+    from mok.fast import _backward
+
+    model = _model(torch.bfloat16)
+    x, dy = _data()
+    calls = []
+    real = _backward._concat
+    monkeypatch.setattr(_backward, "_concat", lambda *a: (calls.append(1), real(*a)))
+    _ops_step(model, _separate_inputs(model, torch.bfloat16), x, dy)
+    assert len(calls) == 2
 
 
 def test_fp32_gate_up_pairs_are_rounded_by_the_pair_kernel_with_torchs_bits(monkeypatch):
-    """fp32 master weights: each gate/up pair (routed, shared) goes through mok.fast.cast_pair_bf16, and
-    the step's outputs and gradients are bitwise those of PyTorch's own copy into the halves."""
+    """Separate fp32 gate and up tensors (ops.moe): each pair (routed, shared) goes through
+    mok.fast.cast_pair_bf16 into one bf16 [gate; up], and the step's outputs and gradients are bitwise those of
+    PyTorch's own copy into the halves."""
     model = _model(torch.float32)
     x, dy = _data()
+    ws = _separate_inputs(model, torch.float32)
     calls = []
     real = mok.fast.cast_pair_bf16
     monkeypatch.setattr(mok.fast, "cast_pair_bf16", lambda *a: (calls.append(a[0].shape), real(*a)))
-    with_kernel = _step(model, x, dy)
+    with_kernel = _ops_step(model, ws, x, dy)
     assert sorted(len(s) for s in calls) == [2, 3]  # the shared [S, H] pair and the routed [L, I, H] pair
     monkeypatch.delattr(mok.fast, "cast_pair_bf16")  # ops falls back to copy_ into the two halves
-    with_copy = _step(model, x, dy)
+    with_copy = _ops_step(model, ws, x, dy)
     for name, t in with_kernel.items():
         assert_bitwise_equal(t, with_copy[name], name)
 
@@ -115,7 +149,7 @@ def test_module_reruns_are_bitwise_identical(dtype):
         again = _step(model, x, dy)
         for name, t in first.items():
             assert_bitwise_equal(again[name], t, f"rerun {i}: {name}")
-    assert first["d_w_gate_LIH"].dtype == dtype and first["d_w_router_EH"].dtype == dtype
+    assert first["d_w_gate_up_L2IH"].dtype == dtype and first["d_w_router_EH"].dtype == dtype
 
 
 def test_module_batch_invariance_of_y():
