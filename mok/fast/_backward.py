@@ -2,11 +2,12 @@
 
 pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GEMM (+ shared; fp32 da)
 -> SwiGLU backward (dg | du, bf16) (or both in one launch, the SwiGLU backward in the GEMM's epilogue, with
-MOK_FAST_FUSE_SWIGLU_BWD=1: the same bits, no fp32 da buffer, 1-5% slower; _tiles.py) -> d_x rows grouped GEMM against [gate; up] (+ shared; read as is
-when gate and up are halves of one tensor, else concatenated on a side stream meanwhile) -> d_x combine (fp32, shared first then k
-ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs (fp32, reduced over
-the expert's rows in canonical order, one CTA per output tile) -> zero empty experts -> NaN
-poison of every output if the routing flag is set.
+MOK_FAST_FUSE_SWIGLU_BWD=1: the same bits, no fp32 da buffer, 1-5% slower; _tiles.py) -> d_x rows grouped GEMM
+against [gate; up] (+ shared; read as is when gate and up are halves of one tensor, else concatenated on a side
+stream meanwhile) -> d_x combine (fp32, shared first then k ascending; on the side stream, overlapping) ->
+weight-gradient grouped GEMMs, gate/up then down with [dg | du] freed in between (fp32 accumulators reduced over
+the expert's rows in canonical order, one CTA per output tile; gate/up gradients as halves of one buffer where the
+weights are) -> zero empty experts -> NaN poison of every output if the routing flag is set.
 """
 from __future__ import annotations
 

@@ -359,6 +359,13 @@ def _moe_backward(ctx, grads):
 moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
 
 
+def _check_layer_options(backend, recompute) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if not isinstance(recompute, bool):
+        raise TypeError(f"recompute: expected a bool, got {recompute!r}")
+
+
 def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
         routed_gate_LIH, routed_up_LIH, routed_down_LHI, *, group=None, backend: str = "reference",
         recompute: bool = False) -> Tensor:
@@ -377,10 +384,7 @@ def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_
     Returns:
         y [T, H] bf16.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    if not isinstance(recompute, bool):
-        raise TypeError(f"recompute: expected a bool, got {recompute!r}")
+    _check_layer_options(backend, recompute)
     for name, t in (("routed_up_LIH", routed_up_LIH), ("shared_up_SH", shared_up_SH)):
         if t is None and (name == "routed_up_LIH" or shared_gate_SH is not None):
             raise ValueError(f"{name}: expected a tensor, got None (for one [gate; up] tensor use moe_gate_up)")
@@ -403,11 +407,9 @@ def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_do
     Returns:
         y [T, H] bf16.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    if not isinstance(recompute, bool):
-        raise TypeError(f"recompute: expected a bool, got {recompute!r}")
-    for name, t, dims in (("routed_gate_up_L2IH", routed_gate_up_L2IH, 3), ("shared_gate_up_2SH", shared_gate_up_2SH, 2)):
+    _check_layer_options(backend, recompute)
+    for name, t, dims in (("routed_gate_up_L2IH", routed_gate_up_L2IH, 3),
+                          ("shared_gate_up_2SH", shared_gate_up_2SH, 2)):
         if t is None and name == "shared_gate_up_2SH":
             continue
         if not isinstance(t, Tensor):
