@@ -132,6 +132,10 @@ def _scenario_dcp_save(rank, W, tmp):
     _step(m, x[rank], dy[rank])
     _opt(list(m.parameters())).step()
     dcp.save(m.state_dict(), checkpoint_id=os.path.join(tmp, "ckpt"))
+    old = dict(m.state_dict())  # the same state with mok 0.2's keys: gate and up apart (DTensor views)
+    for stacked, (gate, up), dim in _PAIRS:
+        old[gate], old[up] = old.pop(stacked).chunk(2, dim)
+    dcp.save(old, checkpoint_id=os.path.join(tmp, "ckpt_old"))
     return {"saved": {n: _full(p) for n, p in m.named_parameters()}}
 
 
@@ -151,8 +155,31 @@ def _scenario_dcp_load(rank, W, tmp):
     return {"loaded": {n: _full(p) for n, p in m.named_parameters()}}
 
 
+def _scenario_dcp_load_old(rank, W, tmp):
+    """docs/distributed.md's recipe: the W = 2 checkpoint with mok 0.2's separate gate/up keys, loaded into an
+    EP x FSDP2 layer at this W through views of its stacked parameters' halves."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2, W // 2), mesh_dim_names=("dp", "ep"))
+    m = _moe(group=mesh["ep"], device="meta")
+    fully_shard(m, mesh=mesh["dp"])
+    m.to_empty(device="cpu")
+    sd = m.state_dict()
+    for stacked, (gate, up), dim in _PAIRS:
+        sd[gate], sd[up] = (torch.empty_like(h) for h in sd.pop(stacked).chunk(2, dim))
+    dcp.load(sd, checkpoint_id=os.path.join(tmp, "ckpt_old"))
+    with torch.no_grad():
+        for stacked, (gate, up), dim in _PAIRS:
+            getattr(m, stacked).copy_(torch.cat([sd[gate], sd[up]], dim))
+    return {"loaded": {n: _full(p) for n, p in m.named_parameters()}}
+
+
+_PAIRS = (("w_gate_up_L2IH", ("w_gate_LIH", "w_up_LIH"), 1),  # (stacked parameter, mok 0.2's keys, stacking dim)
+          ("w_shared_gate_up_2SH", ("w_shared_gate_SH", "w_shared_up_SH"), 0))
 _SCENARIOS = {"ep": _scenario_ep, "fsdp": _scenario_fsdp, "ep_fsdp": _scenario_ep_fsdp,
-              "dcp_save": _scenario_dcp_save, "dcp_load": _scenario_dcp_load}
+              "dcp_save": _scenario_dcp_save, "dcp_load": _scenario_dcp_load, "dcp_load_old": _scenario_dcp_load_old}
 
 
 def _worker(rank, W, tmp, scenarios):
@@ -189,7 +216,7 @@ def w2(tmp):
 
 @pytest.fixture(scope="module")
 def w4(tmp, w2):  # after w2: loads its checkpoint
-    return _launch(4, tmp, ["ep", "ep_fsdp", "dcp_load"])
+    return _launch(4, tmp, ["ep", "ep_fsdp", "dcp_load", "dcp_load_old"])
 
 
 # ---------------------------------------------------------------- the one-process reference
@@ -261,6 +288,7 @@ def test_dcp_saved_at_w2_loads_at_w4_and_w1(w2, w4, tmp):
     assert not torch.equal(saved["w_gate_up_L2IH"], _single(2, step=False)["init"]["w_gate_up_L2IH"])  # a trained state
     for n, v in saved.items():
         assert_bitwise_equal(w4["dcp_load"]["loaded"][n], v, f"W=4 {n}")
+        assert_bitwise_equal(w4["dcp_load_old"]["loaded"][n], v, f"W=4, mok 0.2's keys: {n}")
     m = _moe(device="meta").to_empty(device="cpu")  # W = 1: plain tensors with the global shapes
     sd = m.state_dict()
     dcp.load(sd, checkpoint_id=os.path.join(tmp, "ckpt"), no_dist=True)

@@ -56,14 +56,40 @@ def test_parameter_count_and_names(S, expected):
             p.chunk(2, dim)[i].shape, half
 
 
+_PAIRS = (("w_gate_up_L2IH", ("w_gate_LIH", "w_up_LIH"), 1),  # (stacked parameter, mok 0.2's keys, stacking dim)
+          ("w_shared_gate_up_2SH", ("w_shared_gate_SH", "w_shared_up_SH"), 0))
+
+
+def test_a_dcp_checkpoint_with_separate_gate_and_up_loads_through_views(tmp_path):
+    """docs/distributed.md's recipe for a DCP checkpoint of mok 0.2 (separate gate and up keys): load it into
+    tensors shaped like the stacked parameters' halves, then copy them in; the same bits as the saved layer."""
+    import torch.distributed.checkpoint as dcp
+
+    a = _moe(shared_intermediate_size=8)
+    old = dict(a.state_dict())
+    for stacked, (gate, up), dim in _PAIRS:
+        old[gate], old[up] = (t.clone() for t in old.pop(stacked).chunk(2, dim))
+    dcp.save(old, checkpoint_id=str(tmp_path), no_dist=True)
+    torch.manual_seed(5)
+    b = mok.MoE(16, 8, 4, 2, shared_intermediate_size=8)
+    sd = b.state_dict()
+    for stacked, (gate, up), dim in _PAIRS:
+        sd[gate], sd[up] = (torch.empty_like(h) for h in sd.pop(stacked).chunk(2, dim))
+    dcp.load(sd, checkpoint_id=str(tmp_path), no_dist=True)
+    with torch.no_grad():
+        for stacked, (gate, up), dim in _PAIRS:
+            getattr(b, stacked).copy_(torch.cat([sd[gate], sd[up]], dim))
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert_bitwise_equal(q, p, n)
+
+
 @pytest.mark.parametrize("S", [0, 8])  # without / with the shared expert
 def test_a_state_dict_with_separate_gate_and_up_loads_stacked(S):
     """A checkpoint of mok 0.2 (separate w_gate_LIH / w_up_LIH and shared tensors) loads into the stacked
     parameters: the same module bits as loading its stacked form."""
     a = _moe(shared_intermediate_size=S)
     old = dict(a.state_dict())
-    for stacked, (gate, up), dim in (("w_gate_up_L2IH", ("w_gate_LIH", "w_up_LIH"), 1),
-                                     ("w_shared_gate_up_2SH", ("w_shared_gate_SH", "w_shared_up_SH"), 0)):
+    for stacked, (gate, up), dim in _PAIRS:
         if stacked in old:
             old[gate], old[up] = (t.clone() for t in old.pop(stacked).chunk(2, dim))
     torch.manual_seed(5)
