@@ -161,15 +161,14 @@ def wgrad_kind(dtype: torch.dtype) -> int:
 
 
 def _gate_up_pair(gate, up, dtype, separate: bool, *shape):
-    """Two new [*shape] `dtype` buffers for the gradients of `gate` and `up`: the halves of one [gate; up] buffer
-    when gate and up are the halves of one tensor (gradients in their weights' layout) and not `separate`, else two
-    tensors."""
+    """(both, g, u): new `dtype` buffers for the gradients of `gate` and `up` ([*shape] each). g and u are the
+    halves of one [gate; up] buffer `both` when gate and up are the halves of one tensor (gradients in their
+    weights' layout) and not `separate`; else two tensors and both None."""
     dev = gate.device
     if separate or stacked_gate_up(gate, up) is None:
-        return _empty(dev, dtype, *shape), _empty(dev, dtype, *shape)
+        return None, _empty(dev, dtype, *shape), _empty(dev, dtype, *shape)
     both = _empty(dev, dtype, *shape[:-2], 2 * shape[-2], shape[-1])
-    g, u = both.chunk(2, dim=-2)
-    return g, u
+    return (both, *both.chunk(2, dim=-2))
 
 
 def gate_up_weight_grads(ctx: FastContext, dgu, dgu_s, dtype=torch.float32, separate: bool = False):
@@ -181,8 +180,7 @@ def gate_up_weight_grads(ctx: FastContext, dgu, dgu_s, dtype=torch.float32, sepa
     H, I, S, T, E = d.H, d.I, d.S, d.T, d.E
     rg, ru, _, sg, su, _ = ctx.weights
     dev = dgu.device
-    d_rg, d_ru = _gate_up_pair(rg, ru, dtype, separate, E, I, H)
-    both = stacked_gate_up(d_rg, d_ru)  # the halves of one [E, 2I, H] buffer: write each through it
+    both, d_rg, d_ru = _gate_up_pair(rg, ru, dtype, separate, E, I, H)  # halves of `both`: write through it
     outs = ([Operand(both, 2 * I * H, 0, H, offset=half * I * H) for half in (0, 1)] if both is not None else
             [Operand(out, I * H, 0, H) for out in (d_rg, d_ru)])
     x_rows = Operand(ctx.x_RH, 0, H, H)
@@ -190,7 +188,7 @@ def gate_up_weight_grads(ctx: FastContext, dgu, dgu_s, dtype=torch.float32, sepa
             for half, out in enumerate(outs)]
     d_sg = d_su = None
     if S and dgu_s is not None:
-        d_sg, d_su = _gate_up_pair(sg, su, dtype, separate, S, H)
+        _, d_sg, d_su = _gate_up_pair(sg, su, dtype, separate, S, H)  # halves of [2S, H] are contiguous
         segs += shared_gate_up_segments(T, H, S, dgu_s, ctx.x_TH, d_sg, d_su)
     _tiles.grouped_gemm(wgrad_kind(dtype), segs, dev, H, I)
     return d_rg, d_ru, d_sg, d_su

@@ -50,8 +50,8 @@ def _positive_int(name: str, v, minimum: int = 1) -> int:
     return v
 
 
-_SEPARATE = (("w_gate_LIH", "w_up_LIH", "w_gate_up_L2IH", 0), ("w_shared_gate_SH", "w_shared_up_SH",
-                                                                 "w_shared_gate_up_2SH", 0))
+_SEPARATE = (("w_gate_LIH", "w_up_LIH", "w_gate_up_L2IH"),  # mok 0.2's keys of a pair, and the stacked parameter
+             ("w_shared_gate_SH", "w_shared_up_SH", "w_shared_gate_up_2SH"))
 
 
 def _stack_separate_gate_up(state_dict, prefix, *args, **kwargs) -> None:
@@ -59,7 +59,7 @@ def _stack_separate_gate_up(state_dict, prefix, *args, **kwargs) -> None:
     stacked into the one [gate; up] tensor the module holds (dim 1 for the routed experts [L, I, H], dim 0 for the
     shared expert [S, H]). A checkpoint with only one of a pair is left as it is (load_state_dict then names the
     missing and unexpected keys)."""
-    for gate, up, stacked, _ in _SEPARATE:
+    for gate, up, stacked in _SEPARATE:
         g, u = prefix + gate, prefix + up
         if g in state_dict and u in state_dict and prefix + stacked not in state_dict:
             a, b = state_dict.pop(g), state_dict.pop(u)

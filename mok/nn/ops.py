@@ -129,8 +129,7 @@ def _halves(gate: Optional[Tensor], up: Optional[Tensor]) -> tuple[Optional[Tens
     its two halves, views (the fast path reads them as one tensor)."""
     if gate is None or up is not None:
         return gate, up
-    g, u = gate.chunk(2, dim=-2)
-    return g, u
+    return tuple(gate.chunk(2, dim=-2))
 
 
 def _joined(gate_grad: Tensor, up_grad: Tensor) -> Tensor:
@@ -349,11 +348,11 @@ def _moe_backward(ctx, grads):
         dy.contiguous(), x, idx, w, sg, su, sd, rg, ru, rd, saved, *ctx.args, bf16_grads, stacked_shared,
         stacked_routed)
 
-    def cast(i, g, given=True):  # the gradient of input i (None when that input was None)
-        return g.to(dt[i]) if dt[i] is not None and given else None
+    def cast(i, g):  # the gradient of input i in its dtype (None when that input was None)
+        return None if dt[i] is None else g.to(dt[i])
 
-    return (d_x.to(dt[0]), None, d_w, cast(3, d_sg, ctx.has_shared), cast(4, d_su, ctx.has_shared),
-            cast(5, d_sd, ctx.has_shared), cast(6, d_rg), cast(7, d_ru), cast(8, d_rd), None, None, None)
+    return (d_x.to(dt[0]), None, d_w, cast(3, d_sg), cast(4, d_su), cast(5, d_sd), cast(6, d_rg), cast(7, d_ru),
+            cast(8, d_rd), None, None, None)
 
 
 moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
@@ -385,8 +384,9 @@ def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_
         y [T, H] bf16.
     """
     _check_layer_options(backend, recompute)
-    for name, t in (("routed_up_LIH", routed_up_LIH), ("shared_up_SH", shared_up_SH)):
-        if t is None and (name == "routed_up_LIH" or shared_gate_SH is not None):
+    for name, up, gate in (("routed_up_LIH", routed_up_LIH, routed_gate_LIH), ("shared_up_SH", shared_up_SH,
+                                                                              shared_gate_SH)):
+        if up is None and gate is not None:  # None would mean a stacked gate to moe_fwd: that is moe_gate_up
             raise ValueError(f"{name}: expected a tensor, got None (for one [gate; up] tensor use moe_gate_up)")
     out = moe_fwd(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
                   routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute)
@@ -410,7 +410,7 @@ def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_do
     _check_layer_options(backend, recompute)
     for name, t, dims in (("routed_gate_up_L2IH", routed_gate_up_L2IH, 3),
                           ("shared_gate_up_2SH", shared_gate_up_2SH, 2)):
-        if t is None and name == "shared_gate_up_2SH":
+        if t is None and dims == 2:  # no shared expert
             continue
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
