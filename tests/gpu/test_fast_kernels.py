@@ -29,9 +29,11 @@ SENTINEL = 1234.0  # bf16-exact; rows a kernel must not write keep it
 
 
 def _token_threads(H: int) -> int:
-    """Threads of a per-token kernel (elementwise.cu: token_threads): one 8-wide vector each, 64 to 1024."""
-    t = (H // 8 + 31) // 32 * 32
-    return min(max(t, 64), 1024)
+    """Threads of a per-token kernel (elementwise.cu: token_threads): the H / 8 vectors spread evenly over at most
+    256 threads, rounded up to whole warps, at least 64."""
+    n = H // 8
+    per = -(-n // 256)
+    return max(-(-(-(-n // per)) // 32) * 32, 64)
 
 
 def _cuda(*ts):
@@ -127,8 +129,8 @@ SHAPES = [
     (5, 2, 264),    # 33 vectors on 64 threads: the second warp has one active lane
     (7, 8, 2048),   # K = 8: exactly one chunk of the backward pre-combine's 8 slots
     (3, 10, 1024),  # K = 10: two chunks (8 + 2)
-    (4, 4, 9000),   # 1125 vectors on 1024 threads: threads 0..100 take a second vector
-    (2, 6, 7168),   # a real hidden size (896 threads, 28 warps)
+    (4, 4, 9000),   # 1125 vectors on 256 threads: 4 each, and threads 0..100 take a fifth
+    (2, 6, 7168),   # a real hidden size: 896 vectors on 224 threads (7 warps), 4 each
 ]
 
 
