@@ -49,7 +49,8 @@ def busy_ms(evs) -> float:
 
 def main():
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else None
-    configs = load_configs(CONFIGS) + [c for c in load_configs(SUITE) if names and c["name"] in names]
+    configs = load_configs(CONFIGS)
+    configs += [c for c in load_configs(SUITE) if names and c["name"] in names and c not in configs]
     for c in configs:
         if names and c["name"] not in names:
             continue
@@ -79,8 +80,8 @@ def main():
         R, T, H, I, S = c["T"] * c["K"], c["T"], c["H"], c["I"], c["S"]
         one, two = 2 * H * (R * I + T * S), 2 * H * (R * 2 * I + T * 2 * S)
         flops = iter([("gate/up (+ SwiGLU when fused)", two), ("down", one), ("d_a", one), ("d_x", two),
-                      ("wgrad down", one),
-                      ("wgrad gate/up", two)])  # the GEMM launches in order (run_forward, run_backward)
+                      ("wgrad gate/up", two),
+                      ("wgrad down", one)])  # the GEMM launches in order (run_forward, run_backward)
         for e in last:
             ms, name = e.device_time_total / 1e3, short(e.name)
             if name.startswith("cutlass"):
