@@ -18,6 +18,22 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+def scan_cases(shapes: int, seed: int) -> list[tuple[str, dict]]:
+    """(name, layer inputs) of `shapes` random small shapes (T = 1-64, E = 1-8) drawn from `seed`, then the
+    golden cases."""
+    from mok.harness.cases import MoEConfig, make_inputs
+    from mok.harness.golden import CASES, load_case
+
+    rng = random.Random(seed)
+    cases = []
+    for i in range(shapes):
+        E = rng.choice([1, 2, 4, 8])
+        cfg = MoEConfig(T=rng.choice([1, 2, 3, 8, 37, 64]), H=rng.choice([8, 16, 32, 64]), I=rng.choice([8, 16, 32]),
+                        E=E, K=rng.randint(1, E), S=rng.choice([0, 8, 16]))
+        cases.append((str(cfg), make_inputs(cfg, i)))
+    return cases + [(f"golden {c.name}", load_case(c.name)[0]) for c in CASES]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", type=int, default=40)
@@ -26,24 +42,14 @@ def main() -> int:
     import fast_emulator
 
     import mok.fast as fast
-    from mok.harness.cases import MoEConfig, make_inputs
     from mok.harness.fast_checks import error_table, plain_outputs
-    from mok.harness.golden import CASES, load_case
     from mok.harness.runner import run_layer
 
     fast_emulator.install()
     fast_emulator.stub_streams()
 
-    rng = random.Random(a.seed)
-    cases = []
-    for i in range(a.shapes):
-        E = rng.choice([1, 2, 4, 8])
-        cfg = MoEConfig(T=rng.choice([1, 2, 3, 8, 37, 64]), H=rng.choice([8, 16, 32, 64]), I=rng.choice([8, 16, 32]),
-                        E=E, K=rng.randint(1, E), S=rng.choice([0, 8, 16]))
-        cases.append((str(cfg), make_inputs(cfg, i)))
-    cases += [(f"golden {c.name}", load_case(c.name)[0]) for c in CASES]
     rows = []
-    for name, inp in cases:
+    for name, inp in scan_cases(a.shapes, a.seed):
         table = error_table(run_layer(inp, impl=fast), run_layer(inp), plain_outputs(inp))
         ratio, out = max(((ef / ep if ep else 0.0), n) for n, ef, ep, _ in table)
         rows.append((ratio, out, name, all(ok for *_, ok in table)))

@@ -16,7 +16,6 @@ Usage: python benchmarks/routing_grad_space_check.py [--shapes 40] [--seed 0]
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _bf16(v: torch.Tensor) -> torch.Tensor:
@@ -54,22 +54,13 @@ def main() -> int:
     ap.add_argument("--shapes", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    from emulated_error_scan import scan_cases
     from mok.harness.bits import rel_error
-    from mok.harness.cases import MoEConfig, make_inputs
     from mok.harness.fast_checks import plain_outputs
-    from mok.harness.golden import CASES, load_case
     from mok.harness.runner import run_layer
 
-    rng = random.Random(a.seed)  # the same shapes as emulated_error_scan.py
-    cases = []
-    for i in range(a.shapes):
-        E = rng.choice([1, 2, 4, 8])
-        cfg = MoEConfig(T=rng.choice([1, 2, 3, 8, 37, 64]), H=rng.choice([8, 16, 32, 64]), I=rng.choice([8, 16, 32]),
-                        E=E, K=rng.randint(1, E), S=rng.choice([0, 8, 16]))
-        cases.append((str(cfg), make_inputs(cfg, i)))
-    cases += [(f"golden {c.name}", load_case(c.name)[0]) for c in CASES]
     rows = []
-    for name, inp in cases:
+    for name, inp in scan_cases(a.shapes, a.seed):  # the shapes of emulated_error_scan.py
         ref, plain = run_layer(inp), plain_outputs(inp)
         got = dict(zip(("d_topk_weight", "d_routed_down"), intermediate_space_grads(inp)))
         ratios = {n: rel_error(got[n], ref[n]) / max(rel_error(plain[n], ref[n]), 1e-30) for n in got}
