@@ -4,6 +4,7 @@ imports and trains without the harness's optional dependencies."""
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -50,6 +51,12 @@ def test_installed_wheel_verifies_outside_the_source_tree(wheel, tmp_path):
     # the venv sees this interpreter's torch, safetensors, tqdm, numpy; mok itself comes from the wheel only
     _run([sys.executable, "-m", "venv", "--system-site-packages", venv], cwd=tmp_path)
     py, mok_cli = venv / "bin" / "python", venv / "bin" / "mok"
+    if sys.prefix != sys.base_prefix:
+        # run from a venv: the new venv's system site-packages are the base interpreter's, not this venv's, so
+        # list this venv's too (a .pth entry: its own .pth files, e.g. an editable mok, are not processed)
+        site = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path).strip()
+        ours = sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+        Path(site, "_outer_env.pth").write_text("\n".join(ours) + "\n")
     _run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], cwd=tmp_path)
     where = _run([py, "-c", "import mok, mok.fast._build as b; print(mok.__file__); print(b.CSRC)"], cwd=tmp_path)
     mok_file, csrc = where.split()
