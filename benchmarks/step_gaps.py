@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mok.fast  # noqa: E402
 from bench_moe import ARGS, CONFIGS, SUITE, load_configs, make_bench_inputs  # noqa: E402
 from mok.harness.cases import with_stacked_gate_up  # noqa: E402
-from profile_fast import short  # noqa: E402
+from profile_fast import busy_ms, short  # noqa: E402
 
 
 def layer_step(inp: dict, wgrad: torch.dtype):
@@ -70,20 +70,16 @@ def main() -> int:
             end.synchronize()
         evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                       and e.time_range.end > e.time_range.start), key=lambda e: e.time_range.start)
-        busy, gaps, reach, prev = 0.0, [], None, None
+        gaps, reach, prev = [], None, None  # idle stretches: no kernel running (side-stream kernels overlap)
         for e in evs:
             s, t = e.time_range.start, e.time_range.end
             if reach is not None and s > reach:
                 gaps.append(((s - reach) / 1e3, short(prev.name), short(e.name)))
-            if reach is None or s > reach:
-                busy += t - s
-            elif t > reach:
-                busy += t - reach
             if reach is None or t > reach:
                 reach, prev = t, e
-        span = (evs[-1].time_range.end - evs[0].time_range.start) / 1e3
+        span = (reach - evs[0].time_range.start) / 1e3
         print(f"{name}: {a.steps} steps queued: {start.elapsed_time(end) / a.steps:.2f} ms a step by CUDA events; "
-              f"first kernel to last {span / a.steps:.2f} ms a step, a kernel running {busy / 1e3 / a.steps:.2f}; "
+              f"first kernel to last {span / a.steps:.2f} ms a step, a kernel running {busy_ms(evs) / a.steps:.2f}; "
               f"idle {sum(g for g, *_ in gaps) / a.steps:.3f} ms a step in {len(gaps)} gaps")
         for g, before, after in sorted(gaps, reverse=True)[:8]:
             print(f"  {g:7.3f} ms idle after {before} before {after}")

@@ -31,9 +31,10 @@ SENTINEL = 1234.0  # bf16-exact; rows a kernel must not write keep it
 def _token_threads(H: int) -> int:
     """Threads of a per-token kernel (elementwise.cu: token_threads): the H / 8 vectors spread evenly over at most
     256 threads, rounded up to whole warps, at least 64."""
-    n = H // 8
-    per = -(-n // 256)
-    return max(-(-(-(-n // per)) // 32) * 32, 64)
+    vectors = H // 8
+    per_thread = -(-vectors // 256)  # ceil
+    threads = -(-vectors // per_thread)
+    return max(-(-threads // 32) * 32, 64)
 
 
 def _cuda(*ts):
