@@ -20,13 +20,12 @@ from ._ep import EPContext, run_backward_ep, run_forward_ep
 from ._ep_buffer import release as release_ep_buffers
 from ._forward import FastContext, run_forward
 from ._lib import cast_pair_bf16
-from ._router import (load_balance_loss, load_balance_loss_backward, router_backward, router_forward, z_loss,
-                      z_loss_backward)
+from ._router import router_backward, router_forward, router_losses, router_losses_backward
 
 __all__ = ["forward", "backward", "FastContext", "EPContext", "FastPathUnavailable", "is_available", "save_context",
            "release_ep_buffers",
-           "load_context", "saved_fake", "router_forward", "router_backward", "load_balance_loss",
-           "load_balance_loss_backward", "z_loss", "z_loss_backward", "cast_pair_bf16"]
+           "load_context", "saved_fake", "router_forward", "router_backward", "router_losses",
+           "router_losses_backward", "cast_pair_bf16"]
 
 
 def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,

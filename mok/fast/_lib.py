@@ -61,8 +61,9 @@ SIGNATURES = {
     "mok_cast_pair_bf16": (_i32, [_vp, _vp, _i64, _i64, _vp, _vp]),
     "mok_router_topk": (_i32, [_vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp]),
     "mok_router_bwd": (_i32, [_vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32, _i32, _i32, _i32, _vp, _vp]),
-    "mok_balance_scratch_bytes": (_sz, [_i32, _i32]),
-    "mok_balance_stats": (_i32, [_vp, _vp, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp]),
+    "mok_router_losses_scratch_bytes": (_sz, [_i32, _i32]),
+    "mok_router_losses": (_i32, [_vp, _vp, _vp, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp]),
+    "mok_router_losses_bwd": (_i32, [_vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32, _i32, _vp, _vp, _vp, _vp]),
     "mok_ep_gather_rows": (_i32, [_vp, _i32, _i64, _i32, _vp, _vp, _i32, _i32, _i32, _vp, _vp]),
     "mok_ep_scatter_rows": (_i32, [_vp, _vp, _vp, _i32, _i32, _i32, _i32, _i64, _vp, _vp]),
     "mok_ep_concat": (_i32, [_vp, _i32, _i64, _vp, _vp]),
@@ -106,14 +107,23 @@ def _p(t: torch.Tensor | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(None if t is None else t.data_ptr())
 
 
+def _raw_stream(index: int) -> int:
+    """The current stream of CUDA device `index`, as its cudaStream_t value: `torch.cuda.current_stream(index)
+    .cuda_stream` without building a Stream object (the C calls run tens of times a layer step)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def _call(name: str, device: torch.device, *args) -> None:
     """Call C function `name` with `device` current and its current stream appended; raise its message."""
     handle = lib()
-    stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
-    if device.index == torch.cuda.current_device():
+    current = torch.cuda.current_device()
+    index = current if device.index is None else device.index
+    stream = ctypes.c_void_p(_raw_stream(index))
+    if index == current:
         rc = getattr(handle, name)(*args, stream)
     else:  # the guard: launch on the tensors' device, not the current one
-        with torch.cuda.device(device):
+        with torch.cuda.device(index):
             rc = getattr(handle, name)(*args, stream)
     if rc != 0:
         raise RuntimeError(f"mok.fast {name} failed: {handle.mok_last_error().decode()}")
@@ -395,20 +405,37 @@ def router_bwd(scores, topk_idx, d_w, d_scores, d_logits, softmax: bool, normali
           int(softmax), int(normalize), ld_half, _p(hl))
 
 
-def balance_stats(scores, topk_idx, normalize_rows: bool):
-    """(psum [E] fp32, counts [E] int32): per expert, the sum over tokens of scores (each row divided by
-    its sum when normalize_rows) and the number of picks; fixed-order sums, integer counts."""
+def router_losses(scores, logits, topk_idx, normalize_rows: bool, balance, z) -> None:
+    """balance [] fp32 = E * sum_e f_e * P_e, z [] fp32 = mean over tokens of logsumexp(logits)^2 (see
+    csrc/mok_fast.h): scores, logits fp32 [T, E] (T >= 1), topk_idx int64 [T, K]; fixed-order sums."""
     dev = scores.device
     T, E = scores.shape
     K = topk_idx.shape[1]
     _check_tensor("scores", scores, _F32, dev)
+    _check_tensor("logits", logits, _F32, dev, shape=(T, E))
     _check_tensor("topk_idx", topk_idx, _I64, dev, shape=(T, K))
-    psum = torch.empty(E, dtype=_F32, device=dev)
-    counts = torch.empty(E, dtype=_I32, device=dev)
-    scratch = torch.empty(int(lib().mok_balance_scratch_bytes(T, E)), dtype=torch.uint8, device=dev)
-    _call("mok_balance_stats", dev, _p(scores), _p(topk_idx), T, E, K, int(normalize_rows), _p(scratch), _p(psum),
-          _p(counts))
-    return psum, counts
+    for name, t in (("balance", balance), ("z", z)):
+        _check_tensor(name, t, _F32, dev, shape=())
+    scratch = torch.empty(int(lib().mok_router_losses_scratch_bytes(T, E)), dtype=torch.uint8, device=dev)
+    _call("mok_router_losses", dev, _p(scores), _p(logits), _p(topk_idx), T, E, K, int(normalize_rows), _p(scratch),
+          _p(balance), _p(z))
+
+
+def router_losses_bwd(d_balance, d_z, scores, logits, topk_idx, normalize_rows: bool, d_scores, d_logits) -> None:
+    """d_scores, d_logits fp32 [T, E]: the gradients of `router_losses` for the loss gradients d_balance and d_z
+    (fp32 [] device scalars)."""
+    dev = scores.device
+    T, E = scores.shape
+    K = topk_idx.shape[1]
+    for name, t in (("d_balance", d_balance), ("d_z", d_z)):
+        _check_tensor(name, t, _F32, dev, shape=())
+    _check_tensor("scores", scores, _F32, dev)
+    for name, t in (("logits", logits), ("d_scores", d_scores), ("d_logits", d_logits)):
+        _check_tensor(name, t, _F32, dev, shape=(T, E))
+    _check_tensor("topk_idx", topk_idx, _I64, dev, shape=(T, K))
+    scratch = torch.empty(int(lib().mok_router_losses_scratch_bytes(T, E)), dtype=torch.uint8, device=dev)
+    _call("mok_router_losses_bwd", dev, _p(d_balance), _p(d_z), _p(scores), _p(logits), _p(topk_idx), T, E, K,
+          int(normalize_rows), _p(scratch), _p(d_scores), _p(d_logits))
 
 
 # ---------------------------------------------------------------- expert parallelism (csrc/ep.cu)

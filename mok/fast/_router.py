@@ -7,10 +7,9 @@ the reference's formulas, so on the same logits they give the reference's bits. 
 reference, the fp32 logit gradient enters the two backward GEMMs as two bf16 parts (hi + lo).
 E is padded to a multiple of 8 inside (16-byte rows for TMA); the padding rows are zero.
 
-Losses: the same definitions as `mok.nn.losses` (load balance E·Σ f_e P_e, z = mean lse²): the
-balance statistics in one deterministic kernel (csrc/router_losses.cu), the rest a few PyTorch
-row-wise reductions (deterministic on CUDA for fixed shapes); no host synchronisation. Their bits are
-not the reference's.
+Losses: the same definitions as `mok.nn.losses` (load balance E·Σ f_e P_e, z = mean lse²), forward and
+backward each in one C call (csrc/router_losses.cu: fixed-order sums, integer pick counts, no host
+synchronisation). Their bits are not the reference's.
 """
 from __future__ import annotations
 
@@ -89,44 +88,31 @@ def router_backward(x_TH, w_EH, scores_TE, topk_idx_TK, d_topk_weight_TK, d_scor
 # ---------------------------------------------------------------- losses
 
 
-def load_balance_loss(scores_TE, topk_idx_TK, score: str) -> torch.Tensor:
-    """E · Σ_e f_e P_e (as `mok.nn.losses.load_balance_loss`): [] fp32. f_e = picks of e / (T·K),
-    P_e = mean over tokens of the token's probability (`_lib.balance_stats`, fixed order)."""
-    T, E = scores_TE.shape
-    if T == 0:
-        return scores_TE.new_zeros(())
-    psum, counts = _lib.balance_stats(scores_TE, topk_idx_TK, score != "softmax")
-    f = counts.to(torch.float32) / float(topk_idx_TK.numel())
-    return (f * (psum / float(T))).sum() * float(E)
+def router_losses(scores_TE, logits_TE, topk_idx_TK, score: str):
+    """(load balance, z), both [] fp32, with `mok.nn.losses`' definitions (`router_losses` there): load balance
+    = E · Σ_e f_e P_e, f_e = picks of e / (T·K), P_e = mean over tokens of the token's probability (softmax scores,
+    or sigmoid scores over their row sum); z = mean over tokens of logsumexp(logits)². One C call (two kernels,
+    fixed-order sums; csrc/router_losses.cu).
+
+    Args:
+        scores_TE, logits_TE: [T, E] fp32 on the GPU; topk_idx_TK: [T, K] int64; score: "softmax" or "sigmoid".
+    """
+    T = scores_TE.shape[0]
+    balance, z = scores_TE.new_zeros(()), scores_TE.new_zeros(())
+    if T:
+        _lib.router_losses(scores_TE.contiguous(), logits_TE.contiguous(), topk_idx_TK.contiguous(),
+                           score != "softmax", balance, z)
+    return balance, z
 
 
-def load_balance_loss_backward(d_loss, scores_TE, topk_idx_TK, score: str) -> torch.Tensor:
-    """d load_balance_loss / d scores: [T, E] fp32."""
-    T, E = scores_TE.shape
-    if T == 0:
-        return torch.zeros_like(scores_TE)
-    _, counts = _lib.balance_stats(scores_TE, topk_idx_TK, False)
-    f = counts.to(torch.float32) / float(topk_idx_TK.numel())
-    dq = ((d_loss * float(E)) * f / float(T)).expand(T, E)
-    if score == "softmax":
-        return dq.contiguous()
-    s = scores_TE.sum(1, keepdim=True)
-    return (dq - (scores_TE / s * dq).sum(1, keepdim=True)) / s
-
-
-def z_loss(logits_TE: torch.Tensor) -> torch.Tensor:
-    """Mean over tokens of logsumexp(logits)²: [] fp32."""
-    T = logits_TE.shape[0]
-    if T == 0:
-        return logits_TE.new_zeros(())
-    lse = torch.logsumexp(logits_TE, dim=1)
-    return (lse * lse).sum() / float(T)
-
-
-def z_loss_backward(d_loss, logits_TE: torch.Tensor) -> torch.Tensor:
-    """d z_loss / d logits = d · 2 · lse_t / T · softmax(l_t): [T, E] fp32."""
-    T = logits_TE.shape[0]
-    if T == 0:
-        return torch.zeros_like(logits_TE)
-    lse = torch.logsumexp(logits_TE, dim=1, keepdim=True)
-    return ((d_loss * 2.0) * lse / float(T)) * torch.exp(logits_TE - lse)
+def router_losses_backward(d_balance, d_z, scores_TE, logits_TE, topk_idx_TK, score: str):
+    """(d_scores [T, E], d_logits [T, E]) fp32: the gradients of `router_losses` for the loss gradients d_balance
+    and d_z ([] fp32 tensors on the GPU): d_scores = dq (softmax) or (dq - Σ_e q_e dq_e) / s, q = scores / s, s the
+    row sum (sigmoid), dq_e = d_balance · E · f_e / T; d_logits = d_z · 2 · lse_t / T · softmax(l_t). One C call
+    (two kernels, after a memset)."""
+    d_scores, d_logits = (torch.empty(scores_TE.shape, dtype=torch.float32, device=scores_TE.device) for _ in "sl")
+    if scores_TE.shape[0]:
+        _lib.router_losses_bwd(d_balance.float().contiguous(), d_z.float().contiguous(), scores_TE.contiguous(),
+                               logits_TE.contiguous(), topk_idx_TK.contiguous(), score != "softmax", d_scores,
+                               d_logits)
+    return d_scores, d_logits

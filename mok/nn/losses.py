@@ -81,3 +81,15 @@ def z_loss_backward(d_loss, logits_TE: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(logits_TE)
     lse, p = _lse(logits_TE)
     return ((d_loss * 2.0) * lse / float(T))[:, None] * p
+
+
+def router_losses(scores_TE, logits_TE, topk_idx_TK, score: str):
+    """(load_balance_loss, z_loss), both [] float32: the pair `mok.nn.ops.router_losses` computes (the fast
+    backend's `mok.fast.router_losses` has the same signature)."""
+    return load_balance_loss(scores_TE, topk_idx_TK, score), z_loss(logits_TE)
+
+
+def router_losses_backward(d_balance, d_z, scores_TE, logits_TE, topk_idx_TK, score: str):
+    """(d_scores [T, E], d_logits [T, E]) float32: the gradients of `router_losses` for d_balance and d_z."""
+    return (load_balance_loss_backward(d_balance, scores_TE, topk_idx_TK, score),
+            z_loss_backward(d_z, logits_TE))

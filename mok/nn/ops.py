@@ -141,11 +141,35 @@ def _joined(gate_grad: Tensor, up_grad: Tensor) -> Tensor:
     return joined if joined is not None else torch.cat([gate_grad, up_grad], dim=-2)
 
 
+def _eager_function(name: str, forward, setup_context, backward) -> type:
+    """A `torch.autograd.Function` running an op's Python body `forward`, then the op's own `setup_context`, with the
+    op's `backward` (which calls the backward op's body): what eager calls run instead of the custom op, whose
+    torch.library autograd wrapper (pytree, defaults, a second dispatch) cost about as much host time as the
+    layer's own Python at a small batch (benchmarks/host_cost.py --module). The same functions, so the same bits.
+    (forward takes ctx itself: a separate setup_context would make every apply bind its arguments with inspect.)"""
+    def run(ctx, *inputs):
+        out = tuple(forward(*inputs))
+        setup_context(ctx, inputs, out)
+        return out
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(run), "backward": staticmethod(backward)})
+
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _apply(op, function: type, *args):
+    """`op(*args)` (the registered custom op: what torch.compile, export, fake and other tensor subclasses see) or,
+    in plain eager calls (every tensor argument a plain tensor or parameter), `function.apply(*args)`."""
+    if torch.compiler.is_compiling() or any(isinstance(a, Tensor) and type(a) not in _PLAIN for a in args):
+        return op(*args)
+    return function.apply(*args)
+
+
 # ---------------------------------------------------------------- router
 
 
-@torch.library.custom_op("mok::router_fwd", mutates_args=())
-def router_fwd(x: Tensor, weight: Tensor, k: int, score: str, normalize: bool, backend: str) -> list[Tensor]:
+def _router_fwd(x: Tensor, weight: Tensor, k: int, score: str, normalize: bool, backend: str) -> list[Tensor]:
     """[topk_weight, topk_idx, scores, logits, *bf16 copies of float32 x / weight]. See `router`."""
     if x.dim() != 2:
         raise ValueError(f"x: expected 2 dimensions [T, H], got shape {tuple(x.shape)}")
@@ -158,6 +182,9 @@ def router_fwd(x: Tensor, weight: Tensor, k: int, score: str, normalize: bool, b
     return [*out, *casts]  # a float first (opcheck sums outputs)
 
 
+router_fwd = torch.library.custom_op("mok::router_fwd", mutates_args=())(_router_fwd)
+
+
 @router_fwd.register_fake
 def _(x, weight, k, score, normalize, backend):
     T, E = x.shape[0], weight.shape[0]
@@ -167,13 +194,15 @@ def _(x, weight, k, score, normalize, backend):
             *casts]
 
 
-@torch.library.custom_op("mok::router_bwd", mutates_args=())
-def router_bwd(x: Tensor, weight: Tensor, scores: Tensor, topk_idx: Tensor, d_topk_weight: Optional[Tensor],
+def _router_bwd(x: Tensor, weight: Tensor, scores: Tensor, topk_idx: Tensor, d_topk_weight: Optional[Tensor],
                d_scores: Optional[Tensor], d_logits: Optional[Tensor], score: str, normalize: bool,
                backend: str) -> tuple[Tensor, Tensor]:
     """(d_x [T, H] bf16, d_weight [E, H] fp32) from bf16 x and weight (see `router`)."""
     return _impl(backend).router_backward(x.contiguous(), weight.contiguous(), scores, topk_idx, d_topk_weight,
                                           d_scores, d_logits, score, normalize)
+
+
+router_bwd = torch.library.custom_op("mok::router_bwd", mutates_args=())(_router_bwd)
 
 
 @router_bwd.register_fake
@@ -192,16 +221,17 @@ def _router_setup(ctx, inputs, output):
     ctx.args = (score, normalize, backend)
 
 
-def _router_backward(ctx, grads):
+def _router_backward(ctx, grads, bwd=router_bwd):
     d_topk_weight, _, d_scores, d_logits = grads[:4]  # topk_idx and the casts get no gradient
     if d_topk_weight is None and d_scores is None and d_logits is None:
         return None, None, None, None, None, None
     x16, w16, scores, topk_idx = ctx.saved_tensors
-    d_x, d_w = router_bwd(x16, w16, scores, topk_idx, d_topk_weight, d_scores, d_logits, *ctx.args)
+    d_x, d_w = bwd(x16, w16, scores, topk_idx, d_topk_weight, d_scores, d_logits, *ctx.args)
     return d_x.to(ctx.dtypes[0]), d_w.to(ctx.dtypes[1]), None, None, None, None
 
 
 router_fwd.register_autograd(_router_backward, setup_context=_router_setup)
+_Router = _eager_function("_Router", _router_fwd, _router_setup, lambda ctx, *g: _router_backward(ctx, g, _router_bwd))
 
 
 def router(x_TH: Tensor, weight_EH: Tensor, k: int, *, score: str = "softmax", normalize: bool = True,
@@ -220,7 +250,8 @@ def router(x_TH: Tensor, weight_EH: Tensor, k: int, *, score: str = "softmax", n
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    topk_weight, topk_idx, scores, logits, *_ = router_fwd(x_TH, weight_EH, k, score, normalize, backend)
+    topk_weight, topk_idx, scores, logits, *_ = _apply(router_fwd, _Router, x_TH, weight_EH, k, score, normalize,
+                                                       backend)
     return topk_idx, topk_weight, scores, logits
 
 
@@ -238,8 +269,7 @@ def _saves(recompute: bool) -> bool:
     return not recompute
 
 
-@torch.library.custom_op("mok::moe_fwd", mutates_args=())
-def moe_fwd(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
+def _moe_fwd(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
             shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
             routed_down: Tensor, group_name: Optional[str], backend: str, recompute: bool) -> list[Tensor]:
     """[y, *bf16 copies of the float32 ones among x and the 6 weights, *the backend's saved context].
@@ -252,6 +282,9 @@ def moe_fwd(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optio
     y, ctx = impl.forward(x16, topk_idx, topk_weight, *_halves(sg, su), sd, *_halves(rg, ru), rd,
                           group=_group(group_name))
     return [y, *casts, *(impl.save_context(ctx) if _saves(recompute) else [])]
+
+
+moe_fwd = torch.library.custom_op("mok::moe_fwd", mutates_args=())(_moe_fwd)
 
 
 @moe_fwd.register_fake
@@ -270,8 +303,7 @@ def _(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate
     return [y, *casts, *saved]
 
 
-@torch.library.custom_op("mok::moe_bwd", mutates_args=())
-def moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
+def _moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
             shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
             routed_down: Tensor, saved: list[Tensor], group_name: Optional[str], backend: str,
             recompute: bool, bf16_weight_grads: bool, stacked_shared: bool, stacked_routed: bool) -> list[Tensor]:
@@ -297,6 +329,9 @@ def moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared
         if stacked:
             grads[i], grads[i + 1] = _joined(grads[i], grads[i + 1]), None
     return [g if g is not None else _empty(wdt, x.device, 0) for g in grads]
+
+
+moe_bwd = torch.library.custom_op("mok::moe_bwd", mutates_args=())(_moe_bwd)
 
 
 @moe_bwd.register_fake
@@ -330,7 +365,7 @@ def _moe_setup(ctx, inputs, output):
     ctx.args = (group_name, backend, recompute)
 
 
-def _moe_backward(ctx, grads):
+def _moe_backward(ctx, grads, bwd=moe_bwd):
     dy = grads[0]  # the casts and the saved context get no gradient
     if dy is None:
         return (None,) * 12
@@ -344,7 +379,7 @@ def _moe_backward(ctx, grads):
         rg, ru = _halves(rg, None)
     dt = ctx.dtypes
     bf16_grads = all(t in (None, torch.bfloat16) for t in dt[3:])  # every weight bf16: no fp32 gradients
-    d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = moe_bwd(
+    d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = bwd(
         dy.contiguous(), x, idx, w, sg, su, sd, rg, ru, rd, saved, *ctx.args, bf16_grads, stacked_shared,
         stacked_routed)
 
@@ -356,6 +391,7 @@ def _moe_backward(ctx, grads):
 
 
 moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
+_Layer = _eager_function("_Layer", _moe_fwd, _moe_setup, lambda ctx, *g: _moe_backward(ctx, g, _moe_bwd))
 
 
 def _check_layer_options(backend, recompute) -> None:
@@ -388,8 +424,8 @@ def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_
                                                                               shared_gate_SH)):
         if up is None and gate is not None:  # None would mean a stacked gate to moe_fwd: that is moe_gate_up
             raise ValueError(f"{name}: expected a tensor, got None (for one [gate; up] tensor use moe_gate_up)")
-    out = moe_fwd(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
-                  routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute)
+    out = _apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
+                 routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute)
     return out[0]
 
 
@@ -420,8 +456,8 @@ def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_do
     if (shared_gate_up_2SH is None) != (shared_down_HS is None):
         raise ValueError("shared_gate_up_2SH, shared_down_HS: expected both tensors or both None, got "
                          f"{type(shared_gate_up_2SH).__name__} and {type(shared_down_HS).__name__}")
-    out = moe_fwd(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, None, shared_down_HS,
-                  routed_gate_up_L2IH, None, routed_down_LHI, group_name(group), backend, recompute)
+    out = _apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, None, shared_down_HS,
+                 routed_gate_up_L2IH, None, routed_down_LHI, group_name(group), backend, recompute)
     return out[0]
 
 
@@ -432,12 +468,13 @@ def _losses_impl(backend: str):
     return losses if backend == "reference" else _impl(backend)
 
 
-@torch.library.custom_op("mok::router_losses_fwd", mutates_args=())
-def router_losses_fwd(scores: Tensor, logits: Tensor, topk_idx: Tensor, score: str,
+def _router_losses_fwd(scores: Tensor, logits: Tensor, topk_idx: Tensor, score: str,
                       backend: str) -> tuple[Tensor, Tensor]:
     """(load_balance [] fp32, z [] fp32). See `router_losses`."""
-    impl = _losses_impl(backend)
-    return impl.load_balance_loss(scores, topk_idx, score), impl.z_loss(logits)
+    return _losses_impl(backend).router_losses(scores, logits, topk_idx, score)
+
+
+router_losses_fwd = torch.library.custom_op("mok::router_losses_fwd", mutates_args=())(_router_losses_fwd)
 
 
 @router_losses_fwd.register_fake
@@ -445,13 +482,13 @@ def _(scores, logits, topk_idx, score, backend):
     return scores.new_empty(()), scores.new_empty(())
 
 
-@torch.library.custom_op("mok::router_losses_bwd", mutates_args=())
-def router_losses_bwd(d_balance: Tensor, d_z: Tensor, scores: Tensor, logits: Tensor, topk_idx: Tensor,
+def _router_losses_bwd(d_balance: Tensor, d_z: Tensor, scores: Tensor, logits: Tensor, topk_idx: Tensor,
                       score: str, backend: str) -> tuple[Tensor, Tensor]:
     """(d_scores [T, E] fp32, d_logits [T, E] fp32)."""
-    impl = _losses_impl(backend)
-    return (impl.load_balance_loss_backward(d_balance, scores, topk_idx, score),
-            impl.z_loss_backward(d_z, logits))
+    return tuple(_losses_impl(backend).router_losses_backward(d_balance, d_z, scores, logits, topk_idx, score))
+
+
+router_losses_bwd = torch.library.custom_op("mok::router_losses_bwd", mutates_args=())(_router_losses_bwd)
 
 
 @router_losses_bwd.register_fake
@@ -466,17 +503,19 @@ def _losses_setup(ctx, inputs, output):
     ctx.args = (score, backend)
 
 
-def _losses_backward(ctx, d_balance, d_z):
+def _losses_backward(ctx, d_balance, d_z, bwd=router_losses_bwd):
     if d_balance is None and d_z is None:
         return None, None, None, None, None
     scores, logits, topk_idx = ctx.saved_tensors
     zero = scores.new_zeros(())
-    d_s, d_l = router_losses_bwd(d_balance if d_balance is not None else zero, d_z if d_z is not None else zero,
-                                 scores, logits, topk_idx, *ctx.args)
+    d_s, d_l = bwd(d_balance if d_balance is not None else zero, d_z if d_z is not None else zero, scores, logits,
+                   topk_idx, *ctx.args)
     return d_s, d_l, None, None, None
 
 
 router_losses_fwd.register_autograd(_losses_backward, setup_context=_losses_setup)
+_Losses = _eager_function("_Losses", _router_losses_fwd, _losses_setup,
+                          lambda ctx, d_balance, d_z: _losses_backward(ctx, d_balance, d_z, _router_losses_bwd))
 
 
 def router_losses(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: Tensor, *, score: str = "softmax",
@@ -486,9 +525,9 @@ def router_losses(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: Tensor, *, 
     Args:
         scores_TE, logits_TE: [T, E] fp32 from `router`; topk_idx_TK: [T, K] int64 from `router`.
         score: the router's score function ("softmax" or "sigmoid").
-        backend: "reference" (`mok.nn.losses`, bit-exact) or "fast" (PyTorch reductions on the GPU,
-            deterministic, not the reference's bits).
+        backend: "reference" (`mok.nn.losses`, bit-exact) or "fast" (`mok.fast.router_losses`: one C call
+            each way on the GPU, fixed-order sums, deterministic, not the reference's bits).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    return router_losses_fwd(scores_TE, logits_TE, topk_idx_TK, score, backend)
+    return _apply(router_losses_fwd, _Losses, scores_TE, logits_TE, topk_idx_TK, score, backend)

@@ -116,12 +116,16 @@ int mok_router_bwd(const float* scores, const int64_t* topk_idx, const float* d_
                    const float* d_logits, int T, int E, int K, int softmax, int normalize, int ld_half,
                    void* hl, cudaStream_t stream);
 
-// Load-balancing statistics (csrc/router_losses.cu), deterministic: psum [E] fp32 = sum over tokens
-// of scores (divided by their row sum when normalize_rows), counts [E] int32 = picks per expert.
-// scratch: mok_balance_scratch_bytes(T, E) bytes of device memory.
-size_t mok_balance_scratch_bytes(int T, int E);
-int mok_balance_stats(const float* scores, const int64_t* topk_idx, int T, int E, int K, int normalize_rows,
-                      void* scratch, float* psum, int* counts, cudaStream_t stream);
+// Router losses (csrc/router_losses.cu), deterministic, fp32: scores, logits [T, E], topk_idx [T, K] int64;
+// normalize_rows: 1 = sigmoid scores (the balance loss divides each row by its sum). scratch:
+// mok_router_losses_scratch_bytes(T, E) bytes of device memory. Forward: balance [1] = E * sum_e f_e * P_e and
+// z [1] = mean of lse^2. Backward: d_scores, d_logits [T, E] from the device scalars d_balance, d_z [1].
+size_t mok_router_losses_scratch_bytes(int T, int E);
+int mok_router_losses(const float* scores, const float* logits, const int64_t* topk_idx, int T, int E, int K,
+                      int normalize_rows, void* scratch, float* balance, float* z, cudaStream_t stream);
+int mok_router_losses_bwd(const float* d_balance, const float* d_z, const float* scores, const float* logits,
+                          const int64_t* topk_idx, int T, int E, int K, int normalize_rows, void* scratch,
+                          float* d_scores, float* d_logits, cudaStream_t stream);
 
 // Expert parallelism (csrc/ep.cu, docs/expert_parallel.md). peers / peer_flags: device arrays of W
 // pointers, one per rank (this rank's own buffer included), into the ranks' peer-visible buffers.
