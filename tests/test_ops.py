@@ -191,3 +191,44 @@ def test_weight_dtype_is_checked():
     args, _ = _layer_args(0, weight_dtype=torch.float16)
     with pytest.raises(TypeError, match="routed_gate: expected dtype torch.float32 or torch.bfloat16, got torch.float16"):
         ops.moe(*args)
+
+
+def _step_via(model, x, dy, force_ops: bool, monkeypatch):
+    """`_run` with every eager call sent through the registered custom ops (force_ops) or the eager Functions, and
+    the names of the ops that ran."""
+    ran = []
+    for name in ("router_fwd", "moe_fwd", "router_losses_fwd", "router_bwd", "moe_bwd", "router_losses_bwd"):
+        op = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _op=op, _name=name: (ran.append(_name), _op(*a))[1])
+    if force_ops:
+        monkeypatch.setattr(ops, "_apply", lambda op, function, *args: op(*args))
+    out = _run(model, x, dy, model)
+    monkeypatch.undo()
+    return out, ran
+
+
+def test_eager_calls_skip_the_custom_ops_with_their_bits(monkeypatch):
+    """Eager calls run the ops' bodies through a torch.autograd.Function (no torch.library autograd wrapper: its host
+    time mattered at small batches); the registered ops, which torch.compile sees, give the same bits."""
+    torch.manual_seed(0)
+    model = mok.MoE(16, 8, 4, 2, shared_intermediate_size=8)
+    g = torch.Generator().manual_seed(1)
+    x, dy = torch.randn(7, 16, generator=g), torch.randn(7, 16, generator=g)
+    eager, ran = _step_via(model, x, dy, False, monkeypatch)
+    assert ran == []
+    via_ops, ran = _step_via(model, x, dy, True, monkeypatch)
+    assert sorted(ran) == sorted(["router_fwd", "moe_fwd", "router_losses_fwd", "moe_bwd", "router_losses_bwd",
+                                  "router_bwd"])
+    for name, t in eager.items():
+        assert_bitwise_equal(via_ops[name], t, name)
+
+
+def test_tensor_subclasses_take_the_registered_ops():
+    """Fake tensors (as tracing uses) go to the custom ops and their fake implementations, never to the bodies."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args, _ = _layer_args(8)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        y = ops.moe(*fake)
+    assert type(y).__name__ == "FakeTensor" and y.shape == args[0].shape

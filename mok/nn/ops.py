@@ -221,12 +221,12 @@ def _router_setup(ctx, inputs, output):
     ctx.args = (score, normalize, backend)
 
 
-def _router_backward(ctx, grads, bwd=router_bwd):
+def _router_backward(ctx, grads, bwd=None):
     d_topk_weight, _, d_scores, d_logits = grads[:4]  # topk_idx and the casts get no gradient
     if d_topk_weight is None and d_scores is None and d_logits is None:
         return None, None, None, None, None, None
     x16, w16, scores, topk_idx = ctx.saved_tensors
-    d_x, d_w = bwd(x16, w16, scores, topk_idx, d_topk_weight, d_scores, d_logits, *ctx.args)
+    d_x, d_w = (bwd or router_bwd)(x16, w16, scores, topk_idx, d_topk_weight, d_scores, d_logits, *ctx.args)
     return d_x.to(ctx.dtypes[0]), d_w.to(ctx.dtypes[1]), None, None, None, None
 
 
@@ -365,7 +365,7 @@ def _moe_setup(ctx, inputs, output):
     ctx.args = (group_name, backend, recompute)
 
 
-def _moe_backward(ctx, grads, bwd=moe_bwd):
+def _moe_backward(ctx, grads, bwd=None):
     dy = grads[0]  # the casts and the saved context get no gradient
     if dy is None:
         return (None,) * 12
@@ -379,7 +379,7 @@ def _moe_backward(ctx, grads, bwd=moe_bwd):
         rg, ru = _halves(rg, None)
     dt = ctx.dtypes
     bf16_grads = all(t in (None, torch.bfloat16) for t in dt[3:])  # every weight bf16: no fp32 gradients
-    d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = bwd(
+    d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = (bwd or moe_bwd)(
         dy.contiguous(), x, idx, w, sg, su, sd, rg, ru, rd, saved, *ctx.args, bf16_grads, stacked_shared,
         stacked_routed)
 
@@ -503,13 +503,13 @@ def _losses_setup(ctx, inputs, output):
     ctx.args = (score, backend)
 
 
-def _losses_backward(ctx, d_balance, d_z, bwd=router_losses_bwd):
+def _losses_backward(ctx, d_balance, d_z, bwd=None):
     if d_balance is None and d_z is None:
         return None, None, None, None, None
     scores, logits, topk_idx = ctx.saved_tensors
     zero = scores.new_zeros(())
-    d_s, d_l = bwd(d_balance if d_balance is not None else zero, d_z if d_z is not None else zero, scores, logits,
-                   topk_idx, *ctx.args)
+    d_s, d_l = (bwd or router_losses_bwd)(d_balance if d_balance is not None else zero,
+                                          d_z if d_z is not None else zero, scores, logits, topk_idx, *ctx.args)
     return d_s, d_l, None, None, None
 
 
