@@ -4,8 +4,8 @@
 //   z = mean over tokens of lse_t^2, lse_t = logsumexp of the token's logits;
 // and their gradients. Every floating-point sum has a fixed order: a row's sums run lane-strided in order, then
 // a fixed butterfly (one warp per row); column sums run over a chunk of rows in row order (one block a chunk),
-// then over the chunks in chunk order; the final sum over experts is a fixed tree in one block. Pick counts are
-// integers (exact in any order).
+// then over the chunks in a fixed two-level order, and the final sum over experts in a fixed order too (one block,
+// loss_final_k). Pick counts are integers (exact in any order).
 #include <cmath>
 #include <cstdint>
 
@@ -88,41 +88,66 @@ __global__ void loss_partials_k(const float* scores, const float* logits, const 
   }
 }
 
-// One block: both losses from the chunks' partials. balance = (sum_e f_e * (psum_e / T)) * E, f_e = count_e /
-// (T*K); z = (sum of the chunks' z partials) / T.
+// One block of 1024 threads: both losses from the chunks' partials. Lane l of warp w takes expert g + l of each
+// group g of 32 experts and sums chunks w, w + 32, ... in order (coalesced over the lanes); lane l of warp 0 then
+// adds the 32 warps' sums in warp order and f_e * (psum_e / T) over its experts in order; the 32 lanes' sums go
+// through a fixed butterfly. balance = (that sum) * E, f_e = count_e / (T*K); z = (sum of the chunks' z partials:
+// lane-strided in order by warp 1, then a fixed butterfly) / T.
+constexpr int kFinalWarps = 32;
 __global__ void loss_final_k(const float* psum_part, const int* count_part, const float* z_part, int chunks, int T,
                              int E, int K, float* balance, float* z) {
-  __shared__ float part[kThreads];
+  __shared__ float ps[kFinalWarps][32];
+  __shared__ int cs[kFinalWarps][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float picks = (float)((int64_t)T * K), tokens = (float)T;
   float acc = 0.0f;
-  for (int e = threadIdx.x; e < E; e += kThreads) {
+  for (int g = 0; g < E; g += 32) {
+    const int e = g + lane;
     float s = 0.0f;
     int c = 0;
-    for (int i = 0; i < chunks; ++i) {
-      s = __fadd_rn(s, psum_part[(int64_t)i * E + e]);
-      c += count_part[(int64_t)i * E + e];
+    if (e < E) {
+      for (int i = warp; i < chunks; i += kFinalWarps) {
+        s = __fadd_rn(s, psum_part[(int64_t)i * E + e]);
+        c += count_part[(int64_t)i * E + e];
+      }
     }
-    acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn((float)c, picks), __fdiv_rn(s, tokens)));
-  }
-  part[threadIdx.x] = acc;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half >>= 1) {
-    if (threadIdx.x < half) part[threadIdx.x] = __fadd_rn(part[threadIdx.x], part[threadIdx.x + half]);
+    ps[warp][lane] = s;
+    cs[warp][lane] = c;
+    __syncthreads();
+    if (warp == 0 && e < E) {
+      float st = 0.0f;
+      int ct = 0;
+      for (int w = 0; w < kFinalWarps; ++w) {
+        st = __fadd_rn(st, ps[w][lane]);
+        ct += cs[w][lane];
+      }
+      acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn((float)ct, picks), __fdiv_rn(st, tokens)));
+    }
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    *balance = __fmul_rn(part[0], (float)E);
+  if (warp == 0) {
+    acc = warp_sum(acc);
+    if (lane == 0) *balance = __fmul_rn(acc, (float)E);
+  } else if (warp == 1) {
     float zs = 0.0f;
-    for (int i = 0; i < chunks; ++i) zs = __fadd_rn(zs, z_part[i]);
-    *z = __fdiv_rn(zs, tokens);
+    for (int i = lane; i < chunks; i += 32) zs = __fadd_rn(zs, z_part[i]);
+    zs = warp_sum(zs);
+    if (lane == 0) *z = __fdiv_rn(zs, tokens);
   }
 }
 
+// Pick counts per expert: a shared-memory histogram per block, then one integer atomic per expert and block.
 __global__ void count_picks_k(const int64_t* topk_idx, int64_t n, int E, int* counts) {
+  extern __shared__ int hist[];  // [E]
+  for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
   for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < n; p += (int64_t)gridDim.x * blockDim.x) {
     const int64_t e = topk_idx[p];
-    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);  // integers: exact in any order
+    if (e >= 0 && e < E) atomicAdd(&hist[e], 1);  // integers: exact in any order
   }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    if (hist[e] != 0) atomicAdd(&counts[e], hist[e]);
 }
 
 // One warp per row t: d_scores[t] = dq (softmax), or (dq - sum_e q_e dq_e) / s with q = scores / s, s the row sum
@@ -181,7 +206,7 @@ int mok_router_losses(const float* scores, const float* logits, const int64_t* t
   loss_partials_k<<<chunks, kThreads, smem, stream>>>(scores, logits, topk_idx, T, E, K, normalize_rows, psum_part,
                                                       count_part, z_part);
   MOK_CHECK_LAUNCH("router_losses partials");
-  loss_final_k<<<1, kThreads, 0, stream>>>(psum_part, count_part, z_part, chunks, T, E, K, balance, z);
+  loss_final_k<<<1, kFinalWarps * 32, 0, stream>>>(psum_part, count_part, z_part, chunks, T, E, K, balance, z);
   MOK_CHECK_LAUNCH("router_losses final");
   return 0;
 }
@@ -195,7 +220,7 @@ int mok_router_losses_bwd(const float* d_balance, const float* d_z, const float*
   if (e != cudaSuccess) return mok::set_error("router_losses_bwd: %s", cudaGetErrorString(e));
   const int64_t picks = (int64_t)T * K;
   const int64_t want = (picks + 255) / 256;
-  count_picks_k<<<(int)(want < 1024 ? want : 1024), 256, 0, stream>>>(topk_idx, picks, E, counts);
+  count_picks_k<<<(int)(want < 264 ? want : 264), 256, (size_t)E * sizeof(int), stream>>>(topk_idx, picks, E, counts);
   MOK_CHECK_LAUNCH("router_losses_bwd counts");
   loss_grads_k<<<(T + kWarps - 1) / kWarps, kThreads, 0, stream>>>(d_balance, d_z, scores, logits, counts, T, E,
                                                                    K, normalize_rows, d_scores, d_logits);
