@@ -141,27 +141,34 @@ def _joined(gate_grad: Tensor, up_grad: Tensor) -> Tensor:
     return joined if joined is not None else torch.cat([gate_grad, up_grad], dim=-2)
 
 
-def _eager_function(name: str, forward, setup_context, backward) -> type:
+def _eager_function(name: str, forward, setup_context, backward, backward_body) -> type:
     """A `torch.autograd.Function` running an op's Python body `forward`, then the op's own `setup_context`, with the
-    op's `backward` (which calls the backward op's body): what eager calls run instead of the custom op, whose
-    torch.library autograd wrapper (pytree, defaults, a second dispatch) cost about as much host time as the
+    op's `backward` calling the backward op's body `backward_body`: what eager calls run instead of the custom op,
+    whose torch.library autograd wrapper (pytree, defaults, a second dispatch) cost about as much host time as the
     layer's own Python at a small batch (benchmarks/host_cost.py --module). The same functions, so the same bits.
-    (forward takes ctx itself: a separate setup_context would make every apply bind its arguments with inspect.)"""
+    Under create_graph=True the backward calls the registered backward op instead, whose outputs then refuse a
+    second differentiation as before. (forward takes ctx itself: a separate setup_context would make every apply
+    bind its arguments with inspect.)"""
     def run(ctx, *inputs):
         out = tuple(forward(*inputs))
         setup_context(ctx, inputs, out)
         return out
 
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(run), "backward": staticmethod(backward)})
+    def grad(ctx, *grads):
+        return backward(ctx, *grads, bwd=None if torch.is_grad_enabled() else backward_body)
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(run), "backward": staticmethod(grad)})
 
 
 _PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def _apply(op, function: type, *args):
-    """`op(*args)` (the registered custom op: what torch.compile, export, fake and other tensor subclasses see) or,
-    in plain eager calls (every tensor argument a plain tensor or parameter), `function.apply(*args)`."""
-    if torch.compiler.is_compiling() or any(isinstance(a, Tensor) and type(a) not in _PLAIN for a in args):
+    """`op(*args)` (the registered custom op: what torch.compile, export, fake, meta and other tensor subclasses
+    see) or, in plain eager calls (every tensor argument a plain tensor or parameter with data),
+    `function.apply(*args)`."""
+    if torch.compiler.is_compiling() or any(isinstance(a, Tensor) and (type(a) not in _PLAIN or a.is_meta)
+                                            for a in args):
         return op(*args)
     return function.apply(*args)
 
@@ -231,7 +238,8 @@ def _router_backward(ctx, grads, bwd=None):
 
 
 router_fwd.register_autograd(_router_backward, setup_context=_router_setup)
-_Router = _eager_function("_Router", _router_fwd, _router_setup, lambda ctx, *g: _router_backward(ctx, g, _router_bwd))
+_Router = _eager_function("_Router", _router_fwd, _router_setup, lambda ctx, *g, bwd: _router_backward(ctx, g, bwd),
+                          _router_bwd)
 
 
 def router(x_TH: Tensor, weight_EH: Tensor, k: int, *, score: str = "softmax", normalize: bool = True,
@@ -391,7 +399,7 @@ def _moe_backward(ctx, grads, bwd=None):
 
 
 moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
-_Layer = _eager_function("_Layer", _moe_fwd, _moe_setup, lambda ctx, *g: _moe_backward(ctx, g, _moe_bwd))
+_Layer = _eager_function("_Layer", _moe_fwd, _moe_setup, lambda ctx, *g, bwd: _moe_backward(ctx, g, bwd), _moe_bwd)
 
 
 def _check_layer_options(backend, recompute) -> None:
@@ -514,8 +522,7 @@ def _losses_backward(ctx, d_balance, d_z, bwd=None):
 
 
 router_losses_fwd.register_autograd(_losses_backward, setup_context=_losses_setup)
-_Losses = _eager_function("_Losses", _router_losses_fwd, _losses_setup,
-                          lambda ctx, d_balance, d_z: _losses_backward(ctx, d_balance, d_z, _router_losses_bwd))
+_Losses = _eager_function("_Losses", _router_losses_fwd, _losses_setup, _losses_backward, _router_losses_bwd)
 
 
 def router_losses(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: Tensor, *, score: str = "softmax",
