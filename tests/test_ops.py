@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mok
-from mok.nn import ops
+from mok.nn import _op_common, ops, router_ops
 from mok.harness.bits import assert_bitwise_equal
 from mok.harness.cases import MoEConfig, make_inputs
 
@@ -193,15 +193,16 @@ def test_weight_dtype_is_checked():
         ops.moe(*args)
 
 
-def _step_via(model, x, dy, force_ops: bool, monkeypatch):
-    """`_run` with every eager call sent through the registered custom ops (force_ops) or the eager Functions, and
-    the names of the ops that ran."""
+def _step_via(model, x, dy, eager: bool, monkeypatch):
+    """`_run` with plain eager calls taking the eager Functions (eager) or the registered custom ops, and the names of
+    the ops that ran."""
     ran = []
-    for name in ("router_fwd", "moe_fwd", "router_losses_fwd", "router_bwd", "moe_bwd", "router_losses_bwd"):
-        op = getattr(ops, name)
-        monkeypatch.setattr(ops, name, lambda *a, _op=op, _name=name: (ran.append(_name), _op(*a))[1])
-    if force_ops:
-        monkeypatch.setattr(ops, "_apply", lambda op, function, *args: op(*args))
+    for module, names in ((router_ops, ("router_fwd", "router_bwd", "router_losses_fwd", "router_losses_bwd")),
+                          (ops, ("moe_fwd", "moe_bwd"))):
+        for name in names:
+            op = getattr(module, name)
+            monkeypatch.setattr(module, name, lambda *a, _op=op, _name=name: (ran.append(_name), _op(*a))[1])
+    monkeypatch.setattr(_op_common, "_EAGER", eager)
     out = _run(model, x, dy, model)
     monkeypatch.undo()
     return out, ran
@@ -214,9 +215,9 @@ def test_eager_calls_skip_the_custom_ops_with_their_bits(monkeypatch):
     model = mok.MoE(16, 8, 4, 2, shared_intermediate_size=8)
     g = torch.Generator().manual_seed(1)
     x, dy = torch.randn(7, 16, generator=g), torch.randn(7, 16, generator=g)
-    eager, ran = _step_via(model, x, dy, False, monkeypatch)
+    eager, ran = _step_via(model, x, dy, True, monkeypatch)
     assert ran == []
-    via_ops, ran = _step_via(model, x, dy, True, monkeypatch)
+    via_ops, ran = _step_via(model, x, dy, False, monkeypatch)
     assert sorted(ran) == sorted(["router_fwd", "moe_fwd", "router_losses_fwd", "moe_bwd", "router_losses_bwd",
                                   "router_bwd"])
     for name, t in eager.items():

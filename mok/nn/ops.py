@@ -1,8 +1,10 @@
-"""The router, the layer and the router losses as `torch.library.custom_op`s, on either backend.
+"""The layer as `torch.library.custom_op`s, on either backend, and the functional API: `moe`, `moe_gate_up`, and
+`router` / `router_losses` (from `mok.nn.router_ops`).
 
 Each op has a fake (meta) implementation and a registered autograd formula, so
 `torch.compile(..., fullgraph=True)` traces them as opaque nodes and a compiled model gives the same
-bits as the eager one. Ops (namespace `mok`):
+bits as the eager one; plain eager calls skip the ops' autograd wrapper (`mok.nn._op_common`). Ops (namespace
+`mok`):
   router_fwd / router_bwd         gate + scores + top-k (`mok.reference.router_forward` or `mok.fast`)
   moe_fwd / moe_bwd               the layer; forward hands backward its context as tensors
   router_losses_fwd / _bwd        load-balancing loss and z-loss
@@ -20,108 +22,20 @@ float32 weights). x likewise: float32 x is rounded to bf16 once; d_x comes back 
 
 from __future__ import annotations
 
-import importlib
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .. import reference
-from . import losses
+from ._op_common import (BACKENDS, _cast_plan, _casts, _empty, _fake_casts, _group, _impl, _with_casts, apply,
+                         eager_function, group_name)
+from .router_ops import router, router_bwd, router_fwd, router_losses, router_losses_bwd, router_losses_fwd
 
-BACKENDS = ("reference", "fast")
-_WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _group(group_name: Optional[str]):
-    if group_name is None:
-        return None
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    return _resolve_process_group(group_name)
-
-
-def group_name(group) -> Optional[str]:
-    """The name the ops take for a process group (None for no expert parallelism)."""
-    return None if group is None else group.group_name
-
-
-def _impl(backend: str):
-    if backend == "reference":
-        return reference
-    if backend == "fast":
-        return importlib.import_module("mok.fast")
-    raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-
+__all__ = ["moe", "moe_gate_up", "moe_fwd", "moe_bwd", "router", "router_fwd", "router_bwd", "router_losses",
+           "router_losses_fwd", "router_losses_bwd", "BACKENDS", "group_name"]
 
 _LAYER_PAIRS = ((1, 2), (4, 5))  # (gate, up) positions among (x, shared gate/up/down, routed gate/up/down)
-
-
-def _cast_plan(named: list, pairs=()) -> list[tuple[int, ...]]:
-    """Which of the (name, tensor) pairs are rounded to bf16, as groups of positions: each float32
-    (gate, up) pair of `pairs` as one [gate; up] tensor (the fast path's d_x GEMM reads it without a
-    concatenation), every other float32 tensor alone. Depends on dtypes and shapes only, so the fake
-    implementations agree. TypeError for a dtype other than float32 / bfloat16."""
-    for name, t in named:
-        if t is not None and t.dtype not in _WEIGHT_DTYPES:
-            raise TypeError(f"{name}: expected dtype torch.float32 or torch.bfloat16, got {t.dtype}")
-    ts = [t for _, t in named]
-    f32 = [t is not None and t.dtype == torch.float32 for t in ts]
-    paired = [p for p in pairs if f32[p[0]] and f32[p[1]] and ts[p[0]].shape == ts[p[1]].shape]
-    singles = [(i,) for i in range(len(ts)) if f32[i] and not any(i in p for p in paired)]
-    return sorted(paired + singles)
-
-
-def _cast_shape(tensors: list, group: tuple) -> tuple:
-    """Shape of a group's bf16 rounding: a pair [..., n, H] gives [..., 2n, H]."""
-    t = tensors[group[0]]
-    return tuple(t.shape) if len(group) == 1 else (*t.shape[:-2], 2 * t.shape[-2], t.shape[-1])
-
-
-def _parts(cast: Tensor, n: int) -> list[Tensor]:
-    """The bf16 versions inside one cast: itself, or the gate and up halves (views) of a pair's."""
-    return [cast] if n == 1 else list(cast.chunk(2, dim=-2))
-
-
-def _casts(tensors: list, plan, cast_pair=None) -> list[Tensor]:
-    """The bf16 roundings of `plan`'s groups (a pair's written into one tensor, gate rows first).
-    cast_pair(first, second, out): the backend's kernel for a contiguous CUDA pair (PyTorch's copy into
-    the strided halves runs without vector stores: benchmarks/bench_gate_up_cast.py), the same bits."""
-    out = []
-    for group in plan:
-        cast = torch.empty(_cast_shape(tensors, group), dtype=torch.bfloat16, device=tensors[group[0]].device)
-        parts = [tensors[i] for i in group]
-        if len(group) == 2 and cast_pair is not None and cast.is_cuda and all(t.is_contiguous() for t in parts):
-            cast_pair(*parts, cast)
-        else:
-            for t, part in zip(parts, _parts(cast, len(group))):
-                part.copy_(t)
-        out.append(cast)
-    return out
-
-
-def _with_casts(tensors: list, plan, casts) -> list:
-    """`tensors` with each rounded one replaced by its bf16 version (a pair by the halves of its cast)."""
-    out = list(tensors)
-    for group, cast in zip(plan, casts):
-        for i, part in zip(group, _parts(cast, len(group))):
-            out[i] = part
-    return out
-
-
-def _fake_casts(tensors: list, plan) -> list[Tensor]:
-    return [tensors[g[0]].new_empty(_cast_shape(tensors, g), dtype=torch.bfloat16) for g in plan]
-
-
-def _empty(dtype, device, *shape):
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _none_if_empty(t: Tensor) -> Optional[Tensor]:
-    return None if t.numel() == 0 and t.dim() == 1 else t
 
 
 def _halves(gate: Optional[Tensor], up: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
@@ -139,128 +53,6 @@ def _joined(gate_grad: Tensor, up_grad: Tensor) -> Tensor:
 
     joined = stacked_gate_up(gate_grad, up_grad)
     return joined if joined is not None else torch.cat([gate_grad, up_grad], dim=-2)
-
-
-def _eager_function(name: str, forward, setup_context, backward, backward_body) -> type:
-    """A `torch.autograd.Function` running an op's Python body `forward`, then the op's own `setup_context`, with the
-    op's `backward` calling the backward op's body `backward_body`: what eager calls run instead of the custom op,
-    whose torch.library autograd wrapper (pytree, defaults, a second dispatch) cost about as much host time as the
-    layer's own Python at a small batch (benchmarks/host_cost.py --module). The same functions, so the same bits.
-    Under create_graph=True the backward calls the registered backward op instead, whose outputs then refuse a
-    second differentiation as before. (forward takes ctx itself: a separate setup_context would make every apply
-    bind its arguments with inspect.)"""
-    def run(ctx, *inputs):
-        out = tuple(forward(*inputs))
-        setup_context(ctx, inputs, out)
-        return out
-
-    def grad(ctx, *grads):
-        return backward(ctx, *grads, bwd=None if torch.is_grad_enabled() else backward_body)
-
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(run), "backward": staticmethod(grad)})
-
-
-_PLAIN = (Tensor, torch.nn.Parameter)
-
-
-def _apply(op, function: type, *args):
-    """`op(*args)` (the registered custom op: what torch.compile, export, fake, meta and other tensor subclasses
-    see) or, in plain eager calls (every tensor argument a plain tensor or parameter with data),
-    `function.apply(*args)`."""
-    if torch.compiler.is_compiling() or any(isinstance(a, Tensor) and (type(a) not in _PLAIN or a.is_meta)
-                                            for a in args):
-        return op(*args)
-    return function.apply(*args)
-
-
-# ---------------------------------------------------------------- router
-
-
-def _router_fwd(x: Tensor, weight: Tensor, k: int, score: str, normalize: bool, backend: str) -> list[Tensor]:
-    """[topk_weight, topk_idx, scores, logits, *bf16 copies of float32 x / weight]. See `router`."""
-    if x.dim() != 2:
-        raise ValueError(f"x: expected 2 dimensions [T, H], got shape {tuple(x.shape)}")
-    if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
-        raise ValueError(f"weight: expected shape (E, {x.shape[1]}), got {tuple(weight.shape)}")
-    plan = _cast_plan([("x", x), ("weight", weight)])
-    casts = _casts([x, weight], plan)
-    x16, w16 = _with_casts([x, weight], plan, casts)
-    out = _impl(backend).router_forward(x16.contiguous(), w16.contiguous(), k, score, normalize)
-    return [*out, *casts]  # a float first (opcheck sums outputs)
-
-
-router_fwd = torch.library.custom_op("mok::router_fwd", mutates_args=())(_router_fwd)
-
-
-@router_fwd.register_fake
-def _(x, weight, k, score, normalize, backend):
-    T, E = x.shape[0], weight.shape[0]
-    f32, dev = torch.float32, x.device
-    casts = _fake_casts([x, weight], _cast_plan([("x", x), ("weight", weight)]))
-    return [_empty(f32, dev, T, k), _empty(torch.int64, dev, T, k), _empty(f32, dev, T, E), _empty(f32, dev, T, E),
-            *casts]
-
-
-def _router_bwd(x: Tensor, weight: Tensor, scores: Tensor, topk_idx: Tensor, d_topk_weight: Optional[Tensor],
-               d_scores: Optional[Tensor], d_logits: Optional[Tensor], score: str, normalize: bool,
-               backend: str) -> tuple[Tensor, Tensor]:
-    """(d_x [T, H] bf16, d_weight [E, H] fp32) from bf16 x and weight (see `router`)."""
-    return _impl(backend).router_backward(x.contiguous(), weight.contiguous(), scores, topk_idx, d_topk_weight,
-                                          d_scores, d_logits, score, normalize)
-
-
-router_bwd = torch.library.custom_op("mok::router_bwd", mutates_args=())(_router_bwd)
-
-
-@router_bwd.register_fake
-def _(x, weight, scores, topk_idx, d_topk_weight, d_scores, d_logits, score, normalize, backend):
-    return torch.empty_like(x, dtype=torch.bfloat16), _empty(torch.float32, x.device, *weight.shape)
-
-
-def _router_setup(ctx, inputs, output):
-    x, weight, k, score, normalize, backend = inputs
-    _, topk_idx, scores, _, *casts = output
-    ctx.mark_non_differentiable(topk_idx, *casts)
-    ctx.set_materialize_grads(False)  # no zero tensors for outputs that get no gradient
-    x16, w16 = _with_casts([x, weight], _cast_plan([("x", x), ("weight", weight)]), casts)
-    ctx.save_for_backward(x16, w16, scores, topk_idx)
-    ctx.dtypes = (x.dtype, weight.dtype)
-    ctx.args = (score, normalize, backend)
-
-
-def _router_backward(ctx, grads, bwd=None):
-    d_topk_weight, _, d_scores, d_logits = grads[:4]  # topk_idx and the casts get no gradient
-    if d_topk_weight is None and d_scores is None and d_logits is None:
-        return None, None, None, None, None, None
-    x16, w16, scores, topk_idx = ctx.saved_tensors
-    d_x, d_w = (bwd or router_bwd)(x16, w16, scores, topk_idx, d_topk_weight, d_scores, d_logits, *ctx.args)
-    return d_x.to(ctx.dtypes[0]), d_w.to(ctx.dtypes[1]), None, None, None, None
-
-
-router_fwd.register_autograd(_router_backward, setup_context=_router_setup)
-_Router = _eager_function("_Router", _router_fwd, _router_setup, lambda ctx, *g, bwd: _router_backward(ctx, g, bwd),
-                          _router_bwd)
-
-
-def router(x_TH: Tensor, weight_EH: Tensor, k: int, *, score: str = "softmax", normalize: bool = True,
-           backend: str = "reference"):
-    """Bias-free router gate + scores + top-k, differentiable, compile-safe.
-
-    Args:
-        x_TH: [T, H] bfloat16 tokens, or float32 (rounded to bf16 inside; d_x comes back in x's dtype).
-        weight_EH: [E, H] float32 or bfloat16 gate weight (rounded to bf16 once per step; fp32 gradient
-            for a float32 weight).
-        k: experts per token; score: "softmax" or "sigmoid"; normalize: renormalise the k weights.
-        backend: "reference" (`mok.reference.router_forward`, bit-exact) or "fast" (`mok.fast`, CUDA sm_90).
-    Returns:
-        (topk_idx [T, k] int64, topk_weight [T, k] fp32, scores [T, E] fp32, logits [T, E] fp32);
-        gradients flow from topk_weight, scores and logits to x and weight.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    topk_weight, topk_idx, scores, logits, *_ = _apply(router_fwd, _Router, x_TH, weight_EH, k, score, normalize,
-                                                       backend)
-    return topk_idx, topk_weight, scores, logits
 
 
 # ---------------------------------------------------------------- the layer
@@ -399,7 +191,7 @@ def _moe_backward(ctx, grads, bwd=None):
 
 
 moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
-_Layer = _eager_function("_Layer", _moe_fwd, _moe_setup, lambda ctx, *g, bwd: _moe_backward(ctx, g, bwd), _moe_bwd)
+_Layer = eager_function("_Layer", _moe_fwd, _moe_setup, lambda ctx, *g, bwd: _moe_backward(ctx, g, bwd), _moe_bwd)
 
 
 def _check_layer_options(backend, recompute) -> None:
@@ -432,7 +224,7 @@ def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_
                                                                               shared_gate_SH)):
         if up is None and gate is not None:  # None would mean a stacked gate to moe_fwd: that is moe_gate_up
             raise ValueError(f"{name}: expected a tensor, got None (for one [gate; up] tensor use moe_gate_up)")
-    out = _apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
+    out = apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
                  routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute)
     return out[0]
 
@@ -464,77 +256,6 @@ def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_do
     if (shared_gate_up_2SH is None) != (shared_down_HS is None):
         raise ValueError("shared_gate_up_2SH, shared_down_HS: expected both tensors or both None, got "
                          f"{type(shared_gate_up_2SH).__name__} and {type(shared_down_HS).__name__}")
-    out = _apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, None, shared_down_HS,
+    out = apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, None, shared_down_HS,
                  routed_gate_up_L2IH, None, routed_down_LHI, group_name(group), backend, recompute)
     return out[0]
-
-
-# ---------------------------------------------------------------- router losses
-
-
-def _losses_impl(backend: str):
-    return losses if backend == "reference" else _impl(backend)
-
-
-def _router_losses_fwd(scores: Tensor, logits: Tensor, topk_idx: Tensor, score: str,
-                      backend: str) -> tuple[Tensor, Tensor]:
-    """(load_balance [] fp32, z [] fp32). See `router_losses`."""
-    return _losses_impl(backend).router_losses(scores, logits, topk_idx, score)
-
-
-router_losses_fwd = torch.library.custom_op("mok::router_losses_fwd", mutates_args=())(_router_losses_fwd)
-
-
-@router_losses_fwd.register_fake
-def _(scores, logits, topk_idx, score, backend):
-    return scores.new_empty(()), scores.new_empty(())
-
-
-def _router_losses_bwd(d_balance: Tensor, d_z: Tensor, scores: Tensor, logits: Tensor, topk_idx: Tensor,
-                      score: str, backend: str) -> tuple[Tensor, Tensor]:
-    """(d_scores [T, E] fp32, d_logits [T, E] fp32)."""
-    return tuple(_losses_impl(backend).router_losses_backward(d_balance, d_z, scores, logits, topk_idx, score))
-
-
-router_losses_bwd = torch.library.custom_op("mok::router_losses_bwd", mutates_args=())(_router_losses_bwd)
-
-
-@router_losses_bwd.register_fake
-def _(d_balance, d_z, scores, logits, topk_idx, score, backend):
-    return torch.empty_like(scores), torch.empty_like(logits)
-
-
-def _losses_setup(ctx, inputs, output):
-    scores, logits, topk_idx, score, backend = inputs
-    ctx.save_for_backward(scores, logits, topk_idx)
-    ctx.set_materialize_grads(False)
-    ctx.args = (score, backend)
-
-
-def _losses_backward(ctx, d_balance, d_z, bwd=None):
-    if d_balance is None and d_z is None:
-        return None, None, None, None, None
-    scores, logits, topk_idx = ctx.saved_tensors
-    zero = scores.new_zeros(())
-    d_s, d_l = (bwd or router_losses_bwd)(d_balance if d_balance is not None else zero,
-                                          d_z if d_z is not None else zero, scores, logits, topk_idx, *ctx.args)
-    return d_s, d_l, None, None, None
-
-
-router_losses_fwd.register_autograd(_losses_backward, setup_context=_losses_setup)
-_Losses = _eager_function("_Losses", _router_losses_fwd, _losses_setup, _losses_backward, _router_losses_bwd)
-
-
-def router_losses(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: Tensor, *, score: str = "softmax",
-                  backend: str = "reference"):
-    """(load-balancing loss, z-loss) of one routing, both [] fp32, deterministic.
-
-    Args:
-        scores_TE, logits_TE: [T, E] fp32 from `router`; topk_idx_TK: [T, K] int64 from `router`.
-        score: the router's score function ("softmax" or "sigmoid").
-        backend: "reference" (`mok.nn.losses`, bit-exact) or "fast" (`mok.fast.router_losses`: one C call
-            each way on the GPU, fixed-order sums, deterministic, not the reference's bits).
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    return _apply(router_losses_fwd, _Losses, scores_TE, logits_TE, topk_idx_TK, score, backend)

@@ -1,0 +1,176 @@
+"""The router and the router losses as `torch.library.custom_op`s, on either backend (the layer's ops are in
+`mok.nn.ops`, what they share in `mok.nn._op_common`, the eager path included). Ops (namespace `mok`):
+  router_fwd / router_bwd         gate + scores + top-k (`mok.reference.router_forward` or `mok.fast`)
+  router_losses_fwd / _bwd        load-balancing loss and z-loss
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import losses
+from ._op_common import BACKENDS, _cast_plan, _casts, _empty, _fake_casts, _impl, _with_casts, apply, eager_function
+
+
+# ---------------------------------------------------------------- router
+
+
+def _router_fwd(x: Tensor, weight: Tensor, k: int, score: str, normalize: bool, backend: str) -> list[Tensor]:
+    """[topk_weight, topk_idx, scores, logits, *bf16 copies of float32 x / weight]. See `router`."""
+    if x.dim() != 2:
+        raise ValueError(f"x: expected 2 dimensions [T, H], got shape {tuple(x.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"weight: expected shape (E, {x.shape[1]}), got {tuple(weight.shape)}")
+    plan = _cast_plan([("x", x), ("weight", weight)])
+    casts = _casts([x, weight], plan)
+    x16, w16 = _with_casts([x, weight], plan, casts)
+    out = _impl(backend).router_forward(x16.contiguous(), w16.contiguous(), k, score, normalize)
+    return [*out, *casts]  # a float first (opcheck sums outputs)
+
+
+router_fwd = torch.library.custom_op("mok::router_fwd", mutates_args=())(_router_fwd)
+
+
+@router_fwd.register_fake
+def _(x, weight, k, score, normalize, backend):
+    T, E = x.shape[0], weight.shape[0]
+    f32, dev = torch.float32, x.device
+    casts = _fake_casts([x, weight], _cast_plan([("x", x), ("weight", weight)]))
+    return [_empty(f32, dev, T, k), _empty(torch.int64, dev, T, k), _empty(f32, dev, T, E), _empty(f32, dev, T, E),
+            *casts]
+
+
+def _router_bwd(x: Tensor, weight: Tensor, scores: Tensor, topk_idx: Tensor, d_topk_weight: Optional[Tensor],
+               d_scores: Optional[Tensor], d_logits: Optional[Tensor], score: str, normalize: bool,
+               backend: str) -> tuple[Tensor, Tensor]:
+    """(d_x [T, H] bf16, d_weight [E, H] fp32) from bf16 x and weight (see `router`)."""
+    return _impl(backend).router_backward(x.contiguous(), weight.contiguous(), scores, topk_idx, d_topk_weight,
+                                          d_scores, d_logits, score, normalize)
+
+
+router_bwd = torch.library.custom_op("mok::router_bwd", mutates_args=())(_router_bwd)
+
+
+@router_bwd.register_fake
+def _(x, weight, scores, topk_idx, d_topk_weight, d_scores, d_logits, score, normalize, backend):
+    return torch.empty_like(x, dtype=torch.bfloat16), _empty(torch.float32, x.device, *weight.shape)
+
+
+def _router_setup(ctx, inputs, output):
+    x, weight, k, score, normalize, backend = inputs
+    _, topk_idx, scores, _, *casts = output
+    ctx.mark_non_differentiable(topk_idx, *casts)
+    ctx.set_materialize_grads(False)  # no zero tensors for outputs that get no gradient
+    x16, w16 = _with_casts([x, weight], _cast_plan([("x", x), ("weight", weight)]), casts)
+    ctx.save_for_backward(x16, w16, scores, topk_idx)
+    ctx.dtypes = (x.dtype, weight.dtype)
+    ctx.args = (score, normalize, backend)
+
+
+def _router_backward(ctx, grads, bwd=None):
+    d_topk_weight, _, d_scores, d_logits = grads[:4]  # topk_idx and the casts get no gradient
+    if d_topk_weight is None and d_scores is None and d_logits is None:
+        return None, None, None, None, None, None
+    x16, w16, scores, topk_idx = ctx.saved_tensors
+    d_x, d_w = (bwd or router_bwd)(x16, w16, scores, topk_idx, d_topk_weight, d_scores, d_logits, *ctx.args)
+    return d_x.to(ctx.dtypes[0]), d_w.to(ctx.dtypes[1]), None, None, None, None
+
+
+router_fwd.register_autograd(_router_backward, setup_context=_router_setup)
+_Router = eager_function("_Router", _router_fwd, _router_setup, lambda ctx, *g, bwd: _router_backward(ctx, g, bwd),
+                          _router_bwd)
+
+
+def router(x_TH: Tensor, weight_EH: Tensor, k: int, *, score: str = "softmax", normalize: bool = True,
+           backend: str = "reference"):
+    """Bias-free router gate + scores + top-k, differentiable, compile-safe.
+
+    Args:
+        x_TH: [T, H] bfloat16 tokens, or float32 (rounded to bf16 inside; d_x comes back in x's dtype).
+        weight_EH: [E, H] float32 or bfloat16 gate weight (rounded to bf16 once per step; fp32 gradient
+            for a float32 weight).
+        k: experts per token; score: "softmax" or "sigmoid"; normalize: renormalise the k weights.
+        backend: "reference" (`mok.reference.router_forward`, bit-exact) or "fast" (`mok.fast`, CUDA sm_90).
+    Returns:
+        (topk_idx [T, k] int64, topk_weight [T, k] fp32, scores [T, E] fp32, logits [T, E] fp32);
+        gradients flow from topk_weight, scores and logits to x and weight.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    topk_weight, topk_idx, scores, logits, *_ = apply(router_fwd, _Router, x_TH, weight_EH, k, score, normalize,
+                                                       backend)
+    return topk_idx, topk_weight, scores, logits
+
+
+# ---------------------------------------------------------------- router losses
+
+
+def _losses_impl(backend: str):
+    return losses if backend == "reference" else _impl(backend)
+
+
+def _router_losses_fwd(scores: Tensor, logits: Tensor, topk_idx: Tensor, score: str,
+                      backend: str) -> tuple[Tensor, Tensor]:
+    """(load_balance [] fp32, z [] fp32). See `router_losses`."""
+    return _losses_impl(backend).router_losses(scores, logits, topk_idx, score)
+
+
+router_losses_fwd = torch.library.custom_op("mok::router_losses_fwd", mutates_args=())(_router_losses_fwd)
+
+
+@router_losses_fwd.register_fake
+def _(scores, logits, topk_idx, score, backend):
+    return scores.new_empty(()), scores.new_empty(())
+
+
+def _router_losses_bwd(d_balance: Tensor, d_z: Tensor, scores: Tensor, logits: Tensor, topk_idx: Tensor,
+                      score: str, backend: str) -> tuple[Tensor, Tensor]:
+    """(d_scores [T, E] fp32, d_logits [T, E] fp32)."""
+    return tuple(_losses_impl(backend).router_losses_backward(d_balance, d_z, scores, logits, topk_idx, score))
+
+
+router_losses_bwd = torch.library.custom_op("mok::router_losses_bwd", mutates_args=())(_router_losses_bwd)
+
+
+@router_losses_bwd.register_fake
+def _(d_balance, d_z, scores, logits, topk_idx, score, backend):
+    return torch.empty_like(scores), torch.empty_like(logits)
+
+
+def _losses_setup(ctx, inputs, output):
+    scores, logits, topk_idx, score, backend = inputs
+    ctx.save_for_backward(scores, logits, topk_idx)
+    ctx.set_materialize_grads(False)
+    ctx.args = (score, backend)
+
+
+def _losses_backward(ctx, d_balance, d_z, bwd=None):
+    if d_balance is None and d_z is None:
+        return None, None, None, None, None
+    scores, logits, topk_idx = ctx.saved_tensors
+    zero = scores.new_zeros(())
+    d_s, d_l = (bwd or router_losses_bwd)(d_balance if d_balance is not None else zero,
+                                          d_z if d_z is not None else zero, scores, logits, topk_idx, *ctx.args)
+    return d_s, d_l, None, None, None
+
+
+router_losses_fwd.register_autograd(_losses_backward, setup_context=_losses_setup)
+_Losses = eager_function("_Losses", _router_losses_fwd, _losses_setup, _losses_backward, _router_losses_bwd)
+
+
+def router_losses(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: Tensor, *, score: str = "softmax",
+                  backend: str = "reference"):
+    """(load-balancing loss, z-loss) of one routing, both [] fp32, deterministic.
+
+    Args:
+        scores_TE, logits_TE: [T, E] fp32 from `router`; topk_idx_TK: [T, K] int64 from `router`.
+        score: the router's score function ("softmax" or "sigmoid").
+        backend: "reference" (`mok.nn.losses`, bit-exact) or "fast" (`mok.fast.router_losses`: one C call
+            each way on the GPU, fixed-order sums, deterministic, not the reference's bits).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    return apply(router_losses_fwd, _Losses, scores_TE, logits_TE, topk_idx_TK, score, backend)
