@@ -1,4 +1,5 @@
-"""The binding to the kernels' C ABI (csrc/mok_fast.h), taking torch tensors.
+"""The binding to the kernels' C ABI (csrc/mok_fast.h), taking torch tensors: the table, the checks, the call,
+the grouped GEMMs, and the layer's, router's and losses' kernels (the expert-parallel ones: `_lib_ep`).
 
 One table, `SIGNATURES`, holds every C function's ctypes types; tests/test_fast_binding.py parses
 the header and checks the table, the structs and the enum against it. Every wrapper checks its
@@ -107,11 +108,10 @@ def _p(t: torch.Tensor | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(None if t is None else t.data_ptr())
 
 
-def _raw_stream(index: int) -> int:
-    """The current stream of CUDA device `index`, as its cudaStream_t value: `torch.cuda.current_stream(index)
-    .cuda_stream` without building a Stream object (the C calls run tens of times a layer step)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+# The current stream of a CUDA device as its cudaStream_t value: `torch.cuda.current_stream(index).cuda_stream`
+# without building a Stream object (the C calls run tens of times a layer step).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
 def _call(name: str, device: torch.device, *args) -> None:
@@ -436,83 +436,3 @@ def router_losses_bwd(d_balance, d_z, scores, logits, topk_idx, normalize_rows: 
     scratch = torch.empty(int(lib().mok_router_losses_scratch_bytes(T, E)), dtype=torch.uint8, device=dev)
     _call("mok_router_losses_bwd", dev, _p(d_balance), _p(d_z), _p(scores), _p(logits), _p(topk_idx), T, E, K,
           int(normalize_rows), _p(scratch), _p(d_scores), _p(d_logits))
-
-
-# ---------------------------------------------------------------- expert parallelism (csrc/ep.cu)
-
-
-def _check_table(name: str, table: torch.Tensor, dev: torch.device) -> int:
-    """A device table of peer pointers (int64 [W]); returns W."""
-    _check_tensor(name, table, _I64, dev)
-    if table.dim() != 1 or table.numel() < 1:
-        raise ValueError(f"{name}: expected a 1-d table of W >= 1 pointers, got shape {tuple(table.shape)}")
-    return table.numel()
-
-
-def _check_rows(name: str, rows, peers, row_pair, offsets, L: int):
-    """Checks of a row exchange: (device, capacity, H, W) of local rows [capacity, H] bf16."""
-    dev = rows.device
-    capacity, H = rows.shape
-    W = _check_table("peers", peers, dev)
-    _check_tensor(name, rows, _BF16, dev)
-    _check_tensor("row_pair", row_pair, _I32, dev, numel=capacity)
-    _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
-    return dev, capacity, H, W
-
-
-def ep_gather_rows(peers, per_rank: int, div: int, row_pair, offsets, L: int, out) -> None:
-    """out[r] (bf16 [capacity, H]) = row i of rank p, item = row_pair[r] // div = p * per_rank + i, for the
-    rows placed (offsets[L]); peers: int64 [W] device table of the ranks' bf16 [per_rank, H] regions."""
-    dev, capacity, H, W = _check_rows("out", out, peers, row_pair, offsets, L)
-    _call("mok_ep_gather_rows", dev, _p(peers), W, per_rank, div, _p(row_pair), _p(offsets), L, H, capacity,
-          _p(out))
-
-
-def ep_scatter_rows(rows, row_pair, offsets, L: int, per_rank: int, peers) -> None:
-    """Row (row_pair[r] % per_rank) of rank (row_pair[r] // per_rank) = rows[r] (bf16 [capacity, H]), for the
-    rows placed; peers: int64 [W] device table of the ranks' bf16 [per_rank, H] regions."""
-    dev, capacity, H, W = _check_rows("rows", rows, peers, row_pair, offsets, L)
-    _call("mok_ep_scatter_rows", dev, _p(rows), _p(row_pair), _p(offsets), L, H, capacity, W, per_rank, _p(peers))
-
-
-def ep_concat(peers, out) -> None:
-    """out (contiguous, W times the bytes of one rank's region) = every rank's region in rank order."""
-    dev = out.device
-    W = _check_table("peers", peers, dev)
-    _check_tensor("out", out, out.dtype, dev)
-    nbytes = out.numel() * out.element_size()
-    if nbytes % (8 * W):
-        raise ValueError(f"out: expected W = {W} regions of a multiple of 8 bytes, got {nbytes} bytes")
-    _call("mok_ep_concat", dev, _p(peers), W, nbytes // W, _p(out))
-
-
-def ep_enable_peer_access(device: torch.device, peer: torch.device) -> None:
-    """Let kernels on `device` access `peer`'s memory (the IPC mappings of other ranks' buffers)."""
-    handle = lib()
-    if handle.mok_ep_enable_peer_access(device.index, peer.index) != 0:
-        raise RuntimeError(f"mok.fast ep_enable_peer_access failed: {handle.mok_last_error().decode()}")
-
-
-def ep_next_epoch(epoch) -> None:
-    _check_tensor("epoch", epoch, _I32, epoch.device, shape=(1,))
-    _call("mok_ep_next_epoch", epoch.device, _p(epoch))
-
-
-def ep_signal(peer_flags, phase: int, rank: int, epoch) -> None:
-    """Store *epoch into flags[phase][rank] of every rank (peer_flags: int64 [W] table of flag arrays)."""
-    dev = epoch.device
-    W = _check_table("peer_flags", peer_flags, dev)
-    _check_tensor("epoch", epoch, _I32, dev, shape=(1,))
-    _call("mok_ep_signal", dev, _p(peer_flags), W, phase, rank, _p(epoch))
-
-
-def ep_wait(flags, phase: int, rank: int, epoch, timeout_s: float) -> None:
-    """Wait on the device until flags[phase][p] (int32 [phases, W]) reaches *epoch for every p; after
-    timeout_s the kernel prints who it waited for and traps."""
-    dev = epoch.device
-    _check_tensor("flags", flags, _I32, dev)
-    _check_tensor("epoch", epoch, _I32, dev, shape=(1,))
-    W = flags.shape[-1]
-    if flags.dim() != 2 or not 0 <= phase < flags.shape[0]:
-        raise ValueError(f"flags: expected [phases, W] with phase {phase} in range, got shape {tuple(flags.shape)}")
-    _call("mok_ep_wait", dev, _p(flags), W, _p(epoch), int(timeout_s * 1e9), rank, phase)

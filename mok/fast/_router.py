@@ -97,11 +97,11 @@ def router_losses(scores_TE, logits_TE, topk_idx_TK, score: str):
     Args:
         scores_TE, logits_TE: [T, E] fp32 on the GPU; topk_idx_TK: [T, K] int64; score: "softmax" or "sigmoid".
     """
-    T = scores_TE.shape[0]
-    balance, z = scores_TE.new_zeros(()), scores_TE.new_zeros(())
-    if T:
-        _lib.router_losses(scores_TE.contiguous(), logits_TE.contiguous(), topk_idx_TK.contiguous(),
-                           score != "softmax", balance, z)
+    if scores_TE.shape[0] == 0:
+        return scores_TE.new_zeros(()), scores_TE.new_zeros(())
+    balance, z = scores_TE.new_empty(()), scores_TE.new_empty(())  # the kernel writes both
+    _lib.router_losses(scores_TE.contiguous(), logits_TE.contiguous(), topk_idx_TK.contiguous(), score != "softmax",
+                       balance, z)
     return balance, z
 
 

@@ -41,7 +41,7 @@ __device__ float row_lse(const float* row, int E, int lane) {
 }
 
 // One block per chunk of kRows rows: the chunk's column sums of the balance probabilities (row order), its pick
-// counts per expert, and (logits non-null) the sum of lse_t^2 over its rows (row order).
+// counts per expert, and the sum of lse_t^2 over its rows (row order).
 __global__ void loss_partials_k(const float* scores, const float* logits, const int64_t* topk_idx, int T, int E,
                                 int K, int normalize_rows, float* psum_part, int* count_part, float* z_part) {
   extern __shared__ int smem[];
@@ -60,7 +60,7 @@ __global__ void loss_partials_k(const float* scores, const float* logits, const 
       for (int e = lane; e < E; e += 32) s = __fadd_rn(s, scores[row + e]);
       s = warp_sum(s);
     }
-    const float l = logits != nullptr ? row_lse(logits + row, E, lane) : 0.0f;
+    const float l = row_lse(logits + row, E, lane);
     if (lane == 0) {
       inv[r] = s;
       lse[r] = l;
@@ -81,7 +81,7 @@ __global__ void loss_partials_k(const float* scores, const float* logits, const 
     psum_part[(int64_t)blockIdx.x * E + e] = s;
     count_part[(int64_t)blockIdx.x * E + e] = cnt[e];
   }
-  if (z_part != nullptr && threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
     float z = 0.0f;
     for (int r = 0; r < rows; ++r) z = __fadd_rn(z, __fmul_rn(lse[r], lse[r]));
     z_part[blockIdx.x] = z;
