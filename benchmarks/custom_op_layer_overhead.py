@@ -2,9 +2,8 @@
 directly, and of the aliasing check `torch.library` runs on each call's outputs, at deepseek-v2-lite's shape with
 T = 1000 (fast backend, no autograd).
 Usage: python benchmarks/custom_op_layer_overhead.py"""
-import time
-
 import torch
+from host_timing import host_wall_ms
 
 import mok
 from mok.nn import ops
@@ -32,13 +31,5 @@ with torch.no_grad():
                      ("moe_bwd body called directly", lambda: bbody(*bargs)),
                      ("moe_bwd custom op", lambda: ops.moe_bwd(*bargs)),
                      ("aliasing check alone (bwd)", lambda: check(bargs, {}, (bout,)))):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(50):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        print(f"{name}: host {(t1 - t0) / 50 * 1e3:.3f} ms/call, wall {(time.perf_counter() - t0) / 50 * 1e3:.3f}",
-              flush=True)
+        host, wall = host_wall_ms(fn, reps=50)
+        print(f"{name}: host {host:.3f} ms/call, wall {wall:.3f}", flush=True)

@@ -8,6 +8,7 @@ import time
 import warnings
 
 import torch
+from host_timing import host_wall_ms
 
 import mok
 from mok.nn import ops
@@ -53,17 +54,9 @@ def step_module():
     ((y * dy).sum() + 0.01 * rl.load_balance + 0.001 * rl.z).backward()
 
 
-def timed(name, fn, n=30):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    print(f"{name}: host {(t1 - t0) / n * 1e3:.3f} ms/call, wall {(t2 - t0) / n * 1e3:.3f} ms/call", flush=True)
+def timed(name, fn):
+    host, wall = host_wall_ms(fn)
+    print(f"{name}: host {host:.3f} ms/call, wall {wall:.3f} ms/call", flush=True)
 
 
 def backward_alone(n=30):

@@ -2,10 +2,11 @@
 GPU work is short, so the host sets the pace): host and wall ms per call of the module (router losses included),
 the layer through `mok.nn.ops.moe_gate_up`, and the router alone, then a cProfile of the layer op and of the
 module sorted by each function's own time. Usage: python benchmarks/host_module_profile.py"""
-import cProfile, pstats, sys, time
+import cProfile, pstats, sys
 sys.path.insert(0, "."); sys.path.insert(0, "benchmarks")
 import torch, mok
 from mok.nn import ops
+from host_timing import host_wall_ms
 T, H, I, E, K, S = 1000, 2048, 1408, 64, 6, 2816
 m = mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=torch.bfloat16, device="cuda")
 x = torch.randn(T, H, device="cuda").bfloat16().requires_grad_()
@@ -26,12 +27,8 @@ def router():
     rr = m.route(x)
     ((rr.scores * 1e-3).sum() + (rr.topk_weight * 1e-3).sum()).backward()
 for name, fn in (("module", module), ("layer_op", layer_op), ("router", router)):
-    for _ in range(5): fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(20): fn()
-    t1 = time.perf_counter(); torch.cuda.synchronize(); t2 = time.perf_counter()
-    print(f"{name}: host {(t1 - t0) / 20 * 1e3:.3f} ms/call, wall {(t2 - t0) / 20 * 1e3:.3f} ms/call", flush=True)
+    host, wall = host_wall_ms(fn, reps=20)
+    print(f"{name}: host {host:.3f} ms/call, wall {wall:.3f} ms/call", flush=True)
 for name, fn in (("layer_op", layer_op), ("module", module)):
     torch.cuda.synchronize()
     pr = cProfile.Profile(); pr.enable()

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mok  # noqa: E402
 import mok.fast  # noqa: E402
 from bench_moe import CONFIGS, load_configs, timed  # noqa: E402
+from host_timing import host_wall_ms  # noqa: E402
 from mok.nn import ops  # noqa: E402
 
 
@@ -62,16 +63,10 @@ def main():
               ("layer through mok.nn.ops.moe", layer_op), ("module, no router losses", module(False)),
               ("module + router losses", module(True))]
     print(f"{name} T={T} H={H} I={I} E={E} K={K} S={S}")
-    import time
     print(f"  {'piece':32s} {'stream ms':>10s} {'sync ms':>10s} {'host ms/call':>12s}")
     for label, fn in pieces:
         st, sy = timed(fn, 3, 10, "stream"), timed(fn, 3, 10, "sync")
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(10):
-            fn()
-        host = (time.perf_counter() - t0) / 10 * 1e3  # CPU time per call while the GPU queue is not full
-        torch.cuda.synchronize()
+        host, _ = host_wall_ms(fn, reps=10, warmup=0)  # CPU time per call while the GPU queue is not full
         print(f"  {label:32s} {st:10.3f} {sy:10.3f} {host:12.3f}", flush=True)
     from mok.fast import _lib
     a = torch.randn(256, 256, device="cuda").bfloat16()
@@ -82,14 +77,8 @@ def main():
     wt = torch.zeros(8, 16, device="cuda").bfloat16().requires_grad_()
     for label, fn in (("grouped_gemm call (tiny)", lambda: _lib.grouped_gemm(_lib.GEMM_TN_F32, seg, a.device)),
                       ("router_fwd op call (tiny, grad)", lambda: ops.router_fwd(tiny, wt, 2, "softmax", True, "fast"))):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(100):
-            fn()
-        print(f"  host time per {label}: {(time.perf_counter() - t0) * 10:.1f} us", flush=True)
-        torch.cuda.synchronize()
+        host, _ = host_wall_ms(fn, reps=100)
+        print(f"  host time per {label}: {host * 1e3:.1f} us", flush=True)
     step = module(True)
     for _ in range(3):
         step()
