@@ -112,7 +112,7 @@ def test_signal_then_wait_passes_for_every_simulated_rank():
 def test_a_wait_nobody_signals_traps_after_its_timeout():
     code = textwrap.dedent("""
         import time, torch
-        from mok.fast import _lib
+        from mok.fast import _lib_ep
         flags = torch.zeros(4, 2, dtype=torch.int32, device="cuda")
         epoch = torch.zeros(1, dtype=torch.int32, device="cuda")
         _lib_ep.ep_next_epoch(epoch)
