@@ -11,9 +11,9 @@ KINDS = sorted(_lib.GEMM_KINDS.values())
 
 
 @pytest.mark.parametrize("text, want", [
-    ("2", [2] * 8),                                # one variant for every kind
-    ("3,2,1,0,3,2,1,0", [3, 2, 1, 0, 3, 2, 1, 0]),  # one per kind, MokGemmKind order
-    (" 1 ", [1] * 8),                              # surrounding blanks are fine
+    ("2", [2] * len(KINDS)),                                  # one variant for every kind
+    (",".join("3210"[k % 4] for k in KINDS), [3 - k % 4 for k in KINDS]),  # one per kind, MokGemmKind order
+    (" 1 ", [1] * len(KINDS)),                                # surrounding blanks are fine
 ])
 def test_override_gives_each_kind_its_variant(monkeypatch, text, want):
     monkeypatch.setenv(_tiles.ENV, text)
@@ -25,8 +25,8 @@ def test_override_gives_each_kind_its_variant(monkeypatch, text, want):
     "-1",           # negative
     "1,2",          # neither one value nor one per kind
     "a",            # not an integer
-    "1,2,3,0,1,2,0,x",  # one bad entry
-    "1,2,3,0,1,2,0",  # one per kind of an older library (seven kinds)
+    "1,2,3,0,1,2,0,1,x",  # one bad entry
+    "1,2,3,0,1,2,0,1",  # one per kind of an older library (eight kinds)
 ])
 def test_bad_override_raises_naming_the_variable(monkeypatch, text):
     monkeypatch.setenv(_tiles.ENV, text)

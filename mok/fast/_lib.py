@@ -19,10 +19,11 @@ import torch
 from ._build import library
 
 (GEMM_TN_F32, GEMM_TN_BF16, GEMM_NN_F32, GEMM_NN_BF16, GEMM_TT_F32, GEMM_TT_BF16, GEMM_NN_SWIGLU_BWD,
- GEMM_TN_SWIGLU_FWD) = range(8)
+ GEMM_TN_SWIGLU_FWD, GEMM_TT_F32_SMALL) = range(9)
 GEMM_KINDS = {"MOK_GEMM_TN_F32": GEMM_TN_F32, "MOK_GEMM_TN_BF16": GEMM_TN_BF16, "MOK_GEMM_NN_F32": GEMM_NN_F32,
               "MOK_GEMM_NN_BF16": GEMM_NN_BF16, "MOK_GEMM_TT_F32": GEMM_TT_F32, "MOK_GEMM_TT_BF16": GEMM_TT_BF16,
-              "MOK_GEMM_NN_SWIGLU_BWD": GEMM_NN_SWIGLU_BWD, "MOK_GEMM_TN_SWIGLU_FWD": GEMM_TN_SWIGLU_FWD}
+              "MOK_GEMM_NN_SWIGLU_BWD": GEMM_NN_SWIGLU_BWD, "MOK_GEMM_TN_SWIGLU_FWD": GEMM_TN_SWIGLU_FWD,
+              "MOK_GEMM_TT_F32_SMALL": GEMM_TT_F32_SMALL}
 # Kinds whose segments carry operand aux, with the dtypes of (d, aux): the SwiGLU backward reads fp32 [g | u] and
 # writes bf16 [dg | du]; the SwiGLU forward writes fp32 [g | u] (d) and bf16 a (aux).
 FUSED_KINDS = {GEMM_NN_SWIGLU_BWD: (torch.bfloat16, torch.float32),

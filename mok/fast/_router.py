@@ -77,9 +77,9 @@ def router_backward(x_TH, w_EH, scores_TE, topk_idx_TK, d_topk_weight_TK, d_scor
     _lib.grouped_gemm(_lib.GEMM_NN_BF16, [Segment.all_rows(T, H, 2 * Ep, Operand(hl, 0, 0, 2 * Ep),
                                                            Operand(_padded_rows(w_EH, 2), 0, 0, H),
                                                            Operand(d_x, 0, 0, H))], dev)
-    # d_w = hiᵀ x + loᵀ x, each reduced over the T tokens in order
+    # d_w = hiᵀ x + loᵀ x, each reduced over the T tokens in order; the small-tile kind, as [Ep, H] makes few tiles
     d_w2 = torch.empty(2, Ep, H, dtype=torch.float32, device=dev)
-    _lib.grouped_gemm(_lib.GEMM_TT_F32, [
+    _lib.grouped_gemm(_lib.GEMM_TT_F32_SMALL, [
         Segment.all_wgrad(T, Ep, H, Operand(hl, 0, 0, 2 * Ep, offset=half * Ep), Operand(x_TH, 0, 0, H),
                           Operand(d_w2, 0, 0, H, offset=half * Ep * H)) for half in (0, 1)], dev)
     return d_x, d_w2[0, :E] + d_w2[1, :E]

@@ -15,7 +15,7 @@ backward in its epilogue (off by default, see below) runs the cooperative tile e
 `benchmarks/bench_fused.py` in two runs but once on Mixtral-8x7B, by 0.9%; benchmarks/RESULTS.md run 7).
 
 `MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
-kind in MokGemmKind order ("2,2,0,0,2,2,0,3").
+kind in MokGemmKind order ("2,2,0,0,2,2,0,3,0").
 
 The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
 up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
@@ -115,6 +115,8 @@ def variant(kind: int, H: int, I: int) -> int:
         return forced
     if kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):  # weight gradients: K = an expert's rows
         return PINGPONG_2X1
+    if kind == _lib.GEMM_TT_F32_SMALL:  # one tile whatever the variant
+        return COOPERATIVE
     if kind == _lib.GEMM_NN_SWIGLU_BWD:  # its epilogue is heavy: two warpgroups share it
         return COOPERATIVE
     return PINGPONG if I <= SMALL_I else COOPERATIVE

@@ -151,3 +151,27 @@ def test_tiny_sigmoid_rows_follow_the_reference_rule():
     hi, lo = reference.split_hi_lo(reference.route_backward(rp, ridx, d_tw, torch.zeros_like(rp), "sigmoid", True))
     assert_bitwise_equal(hl[:, :E], hi, "hi")
     assert_bitwise_equal(hl[:, E:], lo, "lo")
+
+
+@pytest.mark.parametrize("T, M, N", [
+    (16384, 128, 2048),  # Qwen3-30B-A3B's router weight gradient: E = 128, H = 2048, all tokens
+    (1000, 8, 4096),     # Mixtral-like: 8 experts, T not a multiple of 64
+    (77, 64, 200),       # N not a multiple of the tile's 128, a short reduction
+])
+def test_small_tile_weight_gradient_has_the_bits_of_every_layer_tile(T, M, N):
+    # GEMM_TT_F32_SMALL (ping-pong 64x128) against GEMM_TT_F32 in each of its tile variants: D = Aᵀ B over T rows
+    g = torch.Generator(device="cuda").manual_seed(T + M)
+    a = torch.randn(T, M, generator=g, device="cuda").to(torch.bfloat16)
+    b = torch.randn(T, N, generator=g, device="cuda").to(torch.bfloat16)
+
+    def run(kind, variant):
+        d = torch.full((M, N), float("nan"), device="cuda")
+        seg = _lib.Segment.all_wgrad(T, M, N, _lib.Operand(a, 0, 0, M), _lib.Operand(b, 0, 0, N),
+                                     _lib.Operand(d, 0, 0, N))
+        _lib.grouped_gemm(kind, [seg], a.device, variant)
+        return d
+
+    small = run(_lib.GEMM_TT_F32_SMALL, 0)
+    for v in range(_lib.NUM_GEMM_VARIANTS):
+        assert_bitwise_equal(small, run(_lib.GEMM_TT_F32, v), f"TT_F32 variant {v}")
+    torch.testing.assert_close(small, a.float().T @ b.float(), rtol=1e-4, atol=1e-3)

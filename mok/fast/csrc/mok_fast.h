@@ -51,7 +51,9 @@ enum MokGemmKind {
                                // [dg | du] of the SwiGLU backward, reading aux fp32 [M,2N] = [g | u]
   MOK_GEMM_TN_SWIGLU_FWD = 7,  // TN with B [N,K] = [W_gate; W_up] halves (N a multiple of the tile's N), D fp32
                                // [M,N] = [g | u], and aux bf16 [M,N/2] = a = bf16(silu(g) * u), written
-  MOK_GEMM_NUM_KINDS = 8
+  MOK_GEMM_TT_F32_SMALL = 8,   // TT_F32 in a ping-pong 64x128x64 tile whatever the variant: the router's weight
+                               // gradient ([E, H] outputs over T-long reductions: more output tiles, more SMs)
+  MOK_GEMM_NUM_KINDS = 9
 };
 
 extern "C" {
