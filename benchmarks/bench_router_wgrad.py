@@ -3,7 +3,11 @@ run 13) and in the small tile (GEMM_TT_F32_SMALL, what it runs now), interleaved
 shapes of configs.json / suite.json: d_w [2, Ep, H] = [hi | lo]ᵀ x over T tokens, two segments, as
 mok/fast/_router.py calls it. Checks the two give the same bits first.
 
-Usage: python benchmarks/bench_router_wgrad.py [--configs a,b] [--reps 20] [--rounds 5]
+With --module: a `mok.MoE` training step (bf16 parameters, router losses; bench_module's step, "stream" timing)
+with the router's weight gradient in either kind, interleaved round by round in one process (the old kind by
+pointing the router's kind name at GEMM_TT_F32 for those rounds).
+
+Usage: python benchmarks/bench_router_wgrad.py [--configs a,b] [--reps 20] [--rounds 5] [--module]
 """
 from __future__ import annotations
 
@@ -16,8 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_moe import CONFIGS, SUITE, load_configs  # noqa: E402
+from bench_moe import CONFIGS, SUITE, load_configs, timed  # noqa: E402
 from mok.fast import _lib  # noqa: E402
+
+SMALL = _lib.GEMM_TT_F32_SMALL
 
 
 def wgrad(kind: int, hl, x, d_w2, T: int, Ep: int, H: int) -> None:
@@ -44,8 +50,11 @@ def main() -> int:
                                          "deepseek-v2-lite-t1000")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--module", action="store_true", help="time mok.MoE training steps instead of the GEMM alone")
     a = ap.parse_args()
     cfgs = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
+    if a.module:
+        return module(cfgs, a)
     print("config (T, E, H) | layer tile ms | small tile ms | speedup")
     for name in a.configs.split(","):
         c = cfgs[name]
@@ -69,6 +78,33 @@ def main() -> int:
                 times[k].append(time_ms(fn, a.reps))
         old, new = (statistics.median(times[k]) for k in runs)
         print(f"{name} ({T}, {E}, {H}) | {old:.4f} | {new:.4f} | {old / new:.2f}x")
+    return 0
+
+
+def module(cfgs: dict, a) -> int:
+    """mok.MoE steps with the router's weight gradient in the layer's tile and in the small one, interleaved."""
+    import mok
+    from bench_module import _module_step
+
+    print("config | mok.MoE step ms, layer tile | small tile | speedup")
+    for name in a.configs.split(","):
+        c = cfgs[name]
+        T, H, I, E, K, S = (c[k] for k in "THIEKS")
+        g = torch.Generator(device="cuda").manual_seed(1)
+        x = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
+        dy = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16)
+        torch.manual_seed(0)
+        m = mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=torch.bfloat16, device="cuda")
+        times = {_lib.GEMM_TT_F32: [], SMALL: []}
+        for _ in range(a.rounds):
+            for kind in times:
+                _lib.GEMM_TT_F32_SMALL = kind  # the name mok/fast/_router.py looks up at each call
+                try:
+                    times[kind].append(timed(lambda: _module_step(m, x, dy), 3, a.reps, "stream"))
+                finally:
+                    _lib.GEMM_TT_F32_SMALL = SMALL
+        old, new = (statistics.median(v) for v in times.values())
+        print(f"{name} | {old:.3f} | {new:.3f} | {old / new:.3f}x")
     return 0
 
 
