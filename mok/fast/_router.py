@@ -77,12 +77,23 @@ def router_backward(x_TH, w_EH, scores_TE, topk_idx_TK, d_topk_weight_TK, d_scor
     _lib.grouped_gemm(_lib.GEMM_NN_BF16, [Segment.all_rows(T, H, 2 * Ep, Operand(hl, 0, 0, 2 * Ep),
                                                            Operand(_padded_rows(w_EH, 2), 0, 0, H),
                                                            Operand(d_x, 0, 0, H))], dev)
-    # d_w = hiᵀ x + loᵀ x, each reduced over the T tokens in order; the small-tile kind, as [Ep, H] makes few tiles
-    d_w2 = torch.empty(2, Ep, H, dtype=torch.float32, device=dev)
-    _lib.grouped_gemm(_lib.GEMM_TT_F32_SMALL, [
-        Segment.all_wgrad(T, Ep, H, Operand(hl, 0, 0, 2 * Ep, offset=half * Ep), Operand(x_TH, 0, 0, H),
-                          Operand(d_w2, 0, 0, H, offset=half * Ep * H)) for half in (0, 1)], dev)
+    d_w2 = weight_grad_halves(hl, x_TH, Ep)
     return d_x, d_w2[0, :E] + d_w2[1, :E]
+
+
+def weight_grad_halves(hl_T2E: torch.Tensor, x_TH: torch.Tensor, Ep: int, kind: int = _lib.GEMM_TT_F32_SMALL):
+    """[hiᵀ x, loᵀ x]: [2, Ep, H] fp32, each reduced over the T tokens in order, in one launch of GEMM `kind` (the
+    small-tile kind: [Ep, H] makes few of the layer's tiles; GEMM_TT_F32 gives the same bits, more slowly).
+
+    Args:
+        hl_T2E: [T, 2 Ep] bf16 = [hi | lo] of the logit gradient; x_TH: [T, H] bf16; both contiguous, CUDA.
+    """
+    T, H = x_TH.shape
+    d_w2 = torch.empty(2, Ep, H, dtype=torch.float32, device=x_TH.device)
+    _lib.grouped_gemm(kind, [
+        Segment.all_wgrad(T, Ep, H, Operand(hl_T2E, 0, 0, 2 * Ep, offset=half * Ep), Operand(x_TH, 0, 0, H),
+                          Operand(d_w2, 0, 0, H, offset=half * Ep * H)) for half in (0, 1)], x_TH.device)
+    return d_w2
 
 
 # ---------------------------------------------------------------- losses
