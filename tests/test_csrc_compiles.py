@@ -34,3 +34,12 @@ def test_every_translation_unit_compiles_for_sm90a(tmp_path):
     failed = [(s, err) for s, rc, err in results if rc != 0]
     assert not failed, "\n\n".join(f"{s}:\n{err}" for s, err in failed)
     assert "-gencode=arch=compute_90a,code=sm_90a" in flags
+
+
+def test_gather_producer_probe_compiles_for_sm90a(tmp_path):
+    """benchmarks/gather_producer_probe.cu (standalone: CUDA runtime only) still compiles for sm_90a."""
+    nvcc, _ = _toolchain()
+    src = str(Path(__file__).resolve().parents[1] / "benchmarks" / "gather_producer_probe.cu")
+    probe_flags = ["-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a"]
+    _, rc, err = _compile(nvcc, probe_flags, src, tmp_path)
+    assert rc == 0, f"{src}:\n{err}"
