@@ -2,7 +2,7 @@
 one [L, 2I, H] tensor (nar: narrow + copy_, what mok.nn.ops did before; cat: torch.cat(out=); view; pair:
 mok.fast.cast_pair_bf16, what mok.nn.ops does now). CUDA only.
 Usage: python benchmarks/bench_gate_up_cast.py   (results: benchmarks/RESULTS.md, run 5)"""
-import torch, time
+import torch
 import mok.fast
 def t(fn, n=20):
     for _ in range(3): fn()

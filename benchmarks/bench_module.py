@@ -80,7 +80,7 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
             m = mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=dtype, device="cuda")
             assert m.backend_in_use == "fast", m.backend_reason
             for mode in ("stream", "sync"):
-                res[f"module {str(dtype)[6:]} {mode}"] = timed(lambda: _module_step(m, x, dy), warmup, reps, mode)
+                res[f"module {str(dtype)[6:]} {mode}"] = timed(lambda m=m: _module_step(m, x, dy), warmup, reps, mode)
             if dtype == torch.bfloat16:
                 with torch.no_grad():
                     r = m.route(x)
@@ -100,7 +100,7 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
             torch.cuda.empty_cache()
         plain = PlainMoE(H, I, E, K, S, "cuda")
         for mode in ("stream", "sync"):
-            res[f"plain {mode}"] = timed(lambda: _plain_step(plain, x, dy), warmup, reps, mode)
+            res[f"plain {mode}"] = timed(lambda plain=plain: _plain_step(plain, x, dy), warmup, reps, mode)
         del plain
         torch.cuda.empty_cache()
         row = dict(config=c["name"], shape=f"{T},{H},{I},{E},{K},{S}", **{k: v for k, v in res.items()},

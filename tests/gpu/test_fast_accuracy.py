@@ -1,7 +1,6 @@
 """mok.fast against the bit-exact reference: per tensor, error <= 2x the plain bf16 implementation's
 error against the same reference (docs/determinism.md), on golden cases, edge cases and hypothesis-drawn shapes."""
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
