@@ -45,11 +45,9 @@ struct Args {
   const uint16_t* x;       // x_TH [T, H] (cpasync gather) or x_RH [R, H] (tma, contiguous)
   const int32_t* token;    // [R]: row -> token (gather)
   int64_t ld;              // H
-  int row_blocks;          // R / 128
   int n_tiles;             // output tiles per row block
   int k_tiles;             // H / 64
-  int tiles;               // row_blocks * n_tiles
-  int warps;               // producer warps issuing cp.async
+  int tiles;               // (R / 128) * n_tiles
   int gather;              // 1: rows through token[], 0: row r of x
   long long consume_ns;    // consumer spin per stage
 };
@@ -141,9 +139,9 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a, const __grid_consta
             // rows r_begin + 32 j + lane / 8 + 4 q: their tokens are held by lanes lane / 8 + 4 q in tok[j]
 #pragma unroll
             for (int q = 0; q < 8; ++q) {
-            const int r_rel = 32 * j + lane / 8 + 4 * q;
-            const int32_t t = __shfl_sync(0xffffffffu, tj, r_rel % 32);
-            cp_async_16(st + sw128(uint32_t((r_begin + r_rel) * 128 + chunk * 16)), a.x + int64_t(t) * a.ld + k);
+              const int r_rel = 32 * j + lane / 8 + 4 * q;
+              const int32_t t = __shfl_sync(0xffffffffu, tj, r_rel % 32);
+              cp_async_16(st + sw128(uint32_t((r_begin + r_rel) * 128 + chunk * 16)), a.x + int64_t(t) * a.ld + k);
             }
           }
           cp_async_arrive_noinc(&full[s]);
@@ -251,8 +249,7 @@ int main(int argc, char** argv) {
   }
   int sms;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  Args a{x, token, H, int(R / kBlkM), n_tiles, H / kBlkK, int(R / kBlkM) * n_tiles, warps, gather ? 1 : 0,
-         consume_ns};
+  Args a{x, token, H, n_tiles, H / kBlkK, int(R / kBlkM) * n_tiles, gather ? 1 : 0, consume_ns};
   const size_t smem = kStages * kTileBytes + 2 * kStages * 8 + 1024;
   auto kern = tma ? probe<true, 1> : warps == 1 ? probe<false, 1> : warps == 2 ? probe<false, 2> : probe<false, 4>;
   CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

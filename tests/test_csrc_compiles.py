@@ -40,6 +40,6 @@ def test_gather_producer_probe_compiles_for_sm90a(tmp_path):
     """benchmarks/gather_producer_probe.cu (standalone: CUDA runtime only) still compiles for sm_90a."""
     nvcc, _ = _toolchain()
     src = str(Path(__file__).resolve().parents[1] / "benchmarks" / "gather_producer_probe.cu")
-    probe_flags = ["-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a"]
+    probe_flags = ["-std=c++17", "-O3", *_build.ARCH_FLAGS]  # no CUTLASS, no torch: the library's arch only
     _, rc, err = _compile(nvcc, probe_flags, src, tmp_path)
     assert rc == 0, f"{src}:\n{err}"
