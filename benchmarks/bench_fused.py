@@ -1,5 +1,5 @@
 """The d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD, MOK_FAST_FUSE_SWIGLU_BWD=1)
-against the default unfused pair (the d_a GEMM writes fp32 d_a, the swiglu_bwd kernel reads it back), in one
+against the default unfused pair (=0) (the d_a GEMM writes fp32 d_a, the swiglu_bwd kernel reads it back), in one
 process: fwd+bwd of the fast layer (gate/up as halves of one tensor, bf16 weight gradients) with the unfused
 pair and with the fused kind in each tile variant (the other GEMMs in their default variant), interleaved
 round by round; median ms. Also checks that every choice gives the same d_x bits. CUDA only.
@@ -8,7 +8,8 @@ With --forward: the gate/up GEMM with the SwiGLU in its epilogue (GEMM_TN_SWIGLU
 applies) against the gate/up GEMM and the swiglu_fwd kernel apart (MOK_FAST_FUSE_SWIGLU_FWD=0), forward and
 forward+backward ms, the same way (y and d_x bits checked equal).
 
-Usage: python benchmarks/bench_fused.py [--configs a,b] [--variants 0,2,3] [--rounds 5] [--reps 5] [--forward]
+Usage: python benchmarks/bench_fused.py [--configs a,b] [--variants 0,2,3] [--rounds 5] [--reps 5] [--timing sync|stream]
+[--forward]
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def main() -> None:
     ap.add_argument("--variants", default="0,2,3")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--timing", choices=("sync", "stream"), default="sync",
+                    help="bench_moe.timed's mode: each rep waited for (sync) or reps queued back to back (stream)")
     ap.add_argument("--forward", action="store_true", help="the fused gate/up + SwiGLU launch instead (see above)")
     ap.add_argument("--fused-variant", type=int, default=None,
                     help="with --forward: the fused launch's tile variant (default: the rule's; other GEMMs: the rule)")
@@ -52,7 +55,7 @@ def main() -> None:
 
         def use(choice):
             if choice == "unfused":
-                os.environ.pop(_tiles.FUSE_ENV, None)
+                os.environ[_tiles.FUSE_ENV] = "0"
                 os.environ.pop(_tiles.ENV, None)
             else:
                 os.environ[_tiles.FUSE_ENV] = "1"
@@ -72,7 +75,7 @@ def main() -> None:
         for _ in range(a.rounds):
             for ch in choices:
                 use(ch)
-                times[ch].append(timed(meth.fwd_bwd, 2, a.reps))
+                times[ch].append(timed(meth.fwd_bwd, 2, a.reps, a.timing))
         med = {ch: statistics.median(v) for ch, v in times.items()}
         r = rule[_lib.GEMM_NN_SWIGLU_BWD]
         ratio = f"{med['unfused'] / med[r]:.3f}x" if r in med else "-"
@@ -115,8 +118,8 @@ def forward_main(a) -> None:
         for _ in range(a.rounds):
             for ch, text in choices.items():
                 os.environ[_tiles.FUSE_FWD_ENV] = text
-                times[ch, "fwd"].append(timed(meth.fwd, 2, a.reps))
-                times[ch, "fb"].append(timed(meth.fwd_bwd, 2, a.reps))
+                times[ch, "fwd"].append(timed(meth.fwd, 2, a.reps, a.timing))
+                times[ch, "fb"].append(timed(meth.fwd_bwd, 2, a.reps, a.timing))
         med = {k: statistics.median(t) for k, t in times.items()}
         print(f"| {name} | {v} | {med['apart', 'fwd']:.2f} | {med['fused', 'fwd']:.2f} | {med['apart', 'fb']:.2f} | "
               f"{med['fused', 'fb']:.2f} | {med['apart', 'fb'] / med['fused', 'fb']:.3f}x |", flush=True)

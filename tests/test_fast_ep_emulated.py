@@ -181,11 +181,11 @@ def test_bad_ids_on_one_rank_make_every_output_nan_on_every_rank():
 @pytest.mark.parametrize("name", ["shared", "no_shared"])
 def test_the_fused_swiglu_backward_switch_keeps_every_output(monkeypatch, name):
     """MOK_FAST_FUSE_SWIGLU_BWD=1 (the d_a GEMM with the SwiGLU backward in its epilogue; the emulator's
-    GEMM_NN_SWIGLU_BWD) through the expert-parallel backward: every output bitwise the unfused W = 1 one."""
+    GEMM_NN_SWIGLU_BWD) through the expert-parallel backward: every output bitwise the unfused (=0) W = 1 one."""
     from mok.fast import _tiles
 
     inputs = make_inputs(CFGS[name], seed=26)
-    monkeypatch.delenv(_tiles.FUSE_ENV, raising=False)
+    monkeypatch.setenv(_tiles.FUSE_ENV, "0")
     want = _world(inputs, 1)
     monkeypatch.setenv(_tiles.FUSE_ENV, "1")
     for W in (1, 2):

@@ -70,7 +70,7 @@ def test_grouped_gemm_checks_the_aux_operand_before_any_launch(kind, aux):
 
 
 @pytest.mark.parametrize("text, want", [
-    (None, False),  # unset: the unfused pair (the faster one)
+    (None, False),  # unset: the unfused pair (end to end as fast or faster, benchmarks/RESULTS.md run 15)
     ("0", False),
     ("1", True),
     (" 1 ", True),  # surrounding blanks are fine
@@ -94,8 +94,8 @@ def test_bad_fuse_switch_raises_naming_the_variable(monkeypatch, text):
     (2048, 768, 0, _tiles.PINGPONG, _tiles.PINGPONG),          # Qwen3-30B-A3B: 768 = 8 x 96
     (4096, 1536, 1536, _tiles.PINGPONG, _tiles.PINGPONG),      # mid-64e with a shared expert: 1536 = 16 x 96
     (2048, 1024, 0, _tiles.COOPERATIVE, _tiles.COOPERATIVE),   # OLMoE: 96 does not split 1024, 128 does (small I)
-    (7168, 2048, 2048, None, _tiles.COOPERATIVE),              # DeepSeek-V3 slice: large experts, only 128 splits
-    (4096, 14336, 0, None, _tiles.COOPERATIVE),                # Mixtral-8x7B: the same (14336 = 112 x 128)
+    (7168, 2048, 2048, _tiles.COOPERATIVE, _tiles.COOPERATIVE),  # DeepSeek-V3 slice: only 128 splits 2048
+    (4096, 14336, 0, _tiles.COOPERATIVE, _tiles.COOPERATIVE),    # Mixtral-8x7B: the same (14336 = 112 x 128)
     (512, 136, 72, None, None),                                # no tile splits I = 136 into whole halves
     (2048, 768, 64, None, None),                               # the shared expert's S = 64 fits no half tile
 ])
@@ -108,6 +108,14 @@ def test_fused_gate_up_variant_splits_i_and_s_into_whole_halves(monkeypatch, H, 
     for v in (want, want_switch_on):
         if v is not None:
             assert I % _tiles.HALF_TILE_N[v] == 0 and S % _tiles.HALF_TILE_N[v] == 0
+
+
+def test_the_fused_swiglu_backward_runs_the_staged_ping_pong_tile(monkeypatch):
+    """GEMM_NN_SWIGLU_BWD's ping-pong variants stage [g | u] through shared memory (epilogue_swiglu_bwd_staged.cuh);
+    when the switch asks for the fused launch, the rule picks the one without clusters, on every shape."""
+    monkeypatch.delenv(_tiles.ENV, raising=False)
+    for H, I in ((2048, 768), (4096, 1536), (2048, 1024), (7168, 2048), (4096, 14336)):
+        assert _tiles.variant(_lib.GEMM_NN_SWIGLU_BWD, H, I) == _tiles.PINGPONG
 
 
 def test_fused_gate_up_switch_and_forced_variant(monkeypatch):

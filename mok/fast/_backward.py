@@ -2,7 +2,8 @@
 
 pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GEMM (+ shared; fp32 da)
 -> SwiGLU backward (dg | du, bf16) (or both in one launch, the SwiGLU backward in the GEMM's epilogue, with
-MOK_FAST_FUSE_SWIGLU_BWD=1: the same bits, no fp32 da buffer, 1-5% slower; _tiles.py) -> d_x rows grouped GEMM
+MOK_FAST_FUSE_SWIGLU_BWD=1: the same bits, no fp32 da buffer, end to end within 1% on four benchmark shapes and
+5.6% slower on a fifth; _tiles.py) -> d_x rows grouped GEMM
 against [gate; up] (+ shared; read as is when gate and up are halves of one tensor, else concatenated on a side
 stream meanwhile) -> d_x combine (fp32, shared first then k ascending; on the side stream, overlapping) ->
 weight-gradient grouped GEMMs, gate/up then down with [dg | du] freed in between (fp32 accumulators reduced over
@@ -72,9 +73,8 @@ def d_act_swiglu(ctx: FastContext, dy, go_RH, rd, sd):
 
 
 def d_act_swiglu_fused(ctx: FastContext, dy, go_RH, rd, sd):
-    """`d_act_swiglu` in one launch (GEMM_NN_SWIGLU_BWD): the SwiGLU backward in the d_a GEMMs' epilogue, so the
-    fp32 da [R, I] is never written; slower than the unfused pair by 1-5% on the benchmark shapes
-    (benchmarks/RESULTS.md run 7)."""
+    """`d_act_swiglu` in one launch (GEMM_NN_SWIGLU_BWD, MOK_FAST_FUSE_SWIGLU_BWD=1): the SwiGLU backward in the d_a
+    GEMMs' epilogue, so the fp32 da [R, I] is never written (benchmarks/RESULTS.md run 15)."""
     d, dev = ctx.dims, (go_RH if go_RH is not None else dy).device
     dgu = None if go_RH is None else _empty(dev, torch.bfloat16, go_RH.shape[0], 2 * d.I)
     dgu_s = _empty(dev, torch.bfloat16, d.T, 2 * d.S) if d.S and dy is not None else None

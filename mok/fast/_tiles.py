@@ -1,5 +1,5 @@
 """Which tile variant (csrc/grouped_gemm.cuh, MOK_GEMM_NUM_VARIANTS) each grouped GEMM of a layer runs, and
-whether the d_a GEMM takes the SwiGLU backward into its epilogue.
+whether the gate/up and d_a GEMMs take the SwiGLU forward and backward into their epilogues.
 
 Chosen from the GEMM's kind and the layer's model constants only (H, I: never the token count), so a
 layer runs the same kernels whatever its batch; every variant walks K in the same order with one CTA per
@@ -9,30 +9,30 @@ The rule, from one profile of every GEMM under each variant (benchmarks/RESULTS.
 benchmarks/profile_fast.py` with MOK_FAST_GEMM_VARIANT set): the weight-gradient GEMMs run ping-pong
 128x192 in 2x1 clusters on every shape measured (6-22% faster); the forward and d_x GEMMs run
 ping-pong 128x192 when the routed intermediate size is small (I <= 1024: 3-9% faster per GEMM on Qwen3-30B-A3B),
-else the cooperative 128x256 tile (as fast or faster for I = 1536 to 14336). The d_a GEMM with the SwiGLU
-backward in its epilogue (off by default, see below) runs the cooperative tile everywhere (its epilogue reads
-[g | u] and writes [dg | du]: the two consumer warpgroups share it; faster than ping-pong on the five shapes of
-`benchmarks/bench_fused.py` in two runs but once on Mixtral-8x7B, by 0.9%; benchmarks/RESULTS.md run 7).
+else the cooperative 128x256 tile (as fast or faster for I = 1536 to 14336).
 
-`MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
-kind in MokGemmKind order ("2,2,0,0,2,2,0,3,0").
+`MOK_FAST_FUSE_SWIGLU_BWD=1` runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD: [dg | du]
+in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor read back by the swiglu_bwd
+kernel; the same bits) in the ping-pong tile without clusters, whose epilogue stages [g | u] through shared memory
+(csrc/epilogue_swiglu_bwd_staged.cuh) and overlaps the other warpgroup's mainloop. Alone it is faster than the pair
+(benchmarks/RESULTS.md run 15, `python benchmarks/bench_d_act.py`: 1.01 -> 1.00 ms on Qwen3-30B-A3B, 1.50 -> 1.20 on
+mid-64e, 3.85 -> 3.65 on the DeepSeek-V3 slice, 3.75 -> 3.14 on Mixtral-8x7B), but end to end, interleaved in one
+process (`python benchmarks/bench_fused.py --timing stream`), it is within 1% of the pair on four shapes and 5.6%
+slower on OLMoE-1B-7B, so it stays off by default: it is the way to save that transient R x I x 4 bytes.
 
 The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
 up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
-gate and up weights are the halves of one tensor, the experts are small (I <= 1024) and a tile splits I and S into
-whole halves (I and S multiples of 96 for the ping-pong tile, of 128 for the cooperative one; that kind runs
-without clusters). Measured end to end (benchmarks/RESULTS.md run 9, `python benchmarks/bench_fused.py
---forward`): fwd+bwd 1.023x faster on Qwen3-30B-A3B (ping-pong), 1.010x on mid-64e (ping-pong; forward alone
-1.07x), 1.044x on OLMoE-1B-7B (cooperative, as 96 does not split I = 1024), and 0.988x-1.004x (noise or slower)
-with the cooperative tile on the large-expert shapes, whose epilogue does not overlap the tensor cores: so the
-cooperative tile fuses for small experts only (I <= 1024) and the DeepSeek-V3 slice and Mixtral shapes (96 does
-not split 2048 or 14336) run apart. `MOK_FAST_FUSE_SWIGLU_FWD=0` runs the gate/up GEMM and the swiglu_fwd kernel
-apart everywhere, `=1` fuses wherever a tile splits I and S (the same bits either way).
+gate and up weights are the halves of one tensor and a tile splits I and S into whole halves: the ping-pong tile
+when 96 splits them, else the cooperative one when 128 does (that kind runs without clusters). Measured end to end
+(`python benchmarks/bench_fused.py --forward`): fwd+bwd 1.023x faster on Qwen3-30B-A3B (ping-pong), 1.010x on
+mid-64e (ping-pong; forward alone 1.07x), 1.044x on OLMoE-1B-7B (cooperative, as 96 does not split I = 1024)
+(benchmarks/RESULTS.md run 9). The cooperative tile was kept for small experts only until run 15 (0.988x-1.004x
+on the large-expert shapes); since the SiLU has no division call (csrc/swiglu_math.cuh) it is 1.021x on the
+DeepSeek-V3 slice and 1.004x on Mixtral-8x7B (run 15), so it fuses wherever 128 splits I and S.
+`MOK_FAST_FUSE_SWIGLU_FWD=0` runs the gate/up GEMM and the swiglu_fwd kernel apart everywhere (the same bits).
 
-`MOK_FAST_FUSE_SWIGLU_BWD=1` runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD)
-instead of the d_a GEMM and the swiglu_bwd kernel: the same bits, no fp32 d_a buffer (R x I x 4 bytes: 0.4 GB on
-Qwen3-30B-A3B, 0.9 GB on Mixtral-8x7B at 8192 tokens), but 1-5% slower end to end on four of five benchmark
-shapes (its epilogue does not overlap the tensor cores; benchmarks/RESULTS.md run 7), so off by default.
+`MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
+kind in MokGemmKind order ("2,2,0,0,2,2,0,3,0").
 """
 from __future__ import annotations
 
@@ -90,17 +90,14 @@ def fused_gate_up_variant(H: int, I: int, S: int) -> int | None:
     """The tile variant of the fused gate/up + SwiGLU GEMM (GEMM_TN_SWIGLU_FWD) of a layer with hidden size H,
     routed intermediate size I and shared intermediate size S (0: none), or None when the layer runs the gate/up
     GEMM and the swiglu_fwd kernel apart. The ping-pong tile when its halves (96) split I and S; else the
-    cooperative tile (halves of 128) for small experts (I <= 1024), or for any when MOK_FAST_FUSE_SWIGLU_FWD=1;
-    else None, and always None when it is 0. MOK_FAST_GEMM_VARIANT, when it forces the kind's variant, is the only
+    cooperative tile (halves of 128) when they split them; else None, and always None when
+    MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces the kind's variant, is the only
     candidate. ValueError naming the variable for a switch value other than 0 or 1."""
-    forced_on = _switch(FUSE_FWD_ENV, None)
-    if forced_on is False:
+    if _switch(FUSE_FWD_ENV, True) is False:
         return None
     forced = _override(_lib.GEMM_TN_SWIGLU_FWD)
-    # ping-pong first (its epilogue overlaps the other warpgroup's mainloop); the cooperative tile only for small
-    # experts unless the switch says 1
-    candidates = (forced,) if forced is not None else (
-        (PINGPONG, COOPERATIVE) if forced_on or I <= SMALL_I else (PINGPONG,))
+    # ping-pong first (its epilogue overlaps the other warpgroup's mainloop)
+    candidates = (forced,) if forced is not None else (PINGPONG, COOPERATIVE)
     for v in candidates:
         if I % HALF_TILE_N[v] == 0 and S % HALF_TILE_N[v] == 0:
             return v
@@ -117,8 +114,8 @@ def variant(kind: int, H: int, I: int) -> int:
         return PINGPONG_2X1
     if kind == _lib.GEMM_TT_F32_SMALL:  # one tile whatever the variant
         return COOPERATIVE
-    if kind == _lib.GEMM_NN_SWIGLU_BWD:  # its epilogue is heavy: two warpgroups share it
-        return COOPERATIVE
+    if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the staged epilogue overlaps the other warpgroup's mainloop
+        return PINGPONG
     return PINGPONG if I <= SMALL_I else COOPERATIVE
 
 

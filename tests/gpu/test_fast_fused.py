@@ -1,9 +1,13 @@
-"""The d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD, csrc/epilogue_swiglu_bwd.cuh,
-opt-in with MOK_FAST_FUSE_SWIGLU_BWD=1) gives the bits of the default unfused pair: the GEMM_NN_F32 d_a GEMM
-(fp32 d_a written out) followed by the swiglu_bwd kernel, for the routed rows and the shared expert, under
-every tile variant, on shapes with uneven and empty experts and token counts that are not multiples of 128,
-and with pre-activations wide enough to saturate the sigmoid (and infinities); and the whole layer gives the
-same nine outputs with the switch on as off."""
+"""The d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD: [g | u] loaded into registers in the
+cooperative tiles, csrc/epilogue_swiglu_bwd.cuh, and staged through shared memory in the ping-pong ones, which the
+rule runs, csrc/epilogue_swiglu_bwd_staged.cuh; opt-in with MOK_FAST_FUSE_SWIGLU_BWD=1) gives the bits of the
+default unfused pair:
+the GEMM_NN_F32 d_a GEMM (fp32 d_a written out) followed by the swiglu_bwd kernel, for the routed rows and the
+shared expert, under every tile variant, on shapes with uneven and empty experts, token counts that are not
+multiples of 128 and I, S that are not multiples of a sub-tile's 32 columns, and with pre-activations wide enough
+to saturate the sigmoid (and infinities); and the whole layer gives the same nine outputs with the switch on as
+off.
+"""
 import pytest
 import torch
 
@@ -88,8 +92,29 @@ def test_the_library_refuses_a_fused_launch_without_its_input():
 def test_the_switch_keeps_every_output_of_the_layer(monkeypatch, cfg):
     inputs = make_inputs(cfg, 5, device="cuda")
 
-    monkeypatch.delenv(_tiles.FUSE_ENV, raising=False)
+    monkeypatch.setenv(_tiles.FUSE_ENV, "0")
     want = run_layer(inputs, impl=fast)
     monkeypatch.setenv(_tiles.FUSE_ENV, "1")
     got = run_layer(inputs, impl=fast)
-    assert_outputs_bitwise_equal(got, want, f"{_tiles.FUSE_ENV}=1")
+    assert_outputs_bitwise_equal(got, want, f"{_tiles.FUSE_ENV}=1 against =0")
+
+
+@pytest.mark.parametrize("what", [
+    "ld",      # a [g | u] row stride that is not whole 16-byte chunks
+    "offset",  # [g | u] starting one float into its buffer
+    "n",       # N not a multiple of 8
+])
+def test_the_library_refuses_g_u_rows_not_16_byte_aligned(what):
+    """The staged epilogue copies [g | u] in 16-byte chunks: the C side refuses rows it cannot copy that way (the
+    binding's segments never build one; this calls the library directly)."""
+    a = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
+    b = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
+    n = 60 if what == "n" else 64
+    d = torch.zeros(128, 2 * n, dtype=torch.bfloat16, device="cuda")
+    gu = torch.zeros(128, 2 * n + 4, dtype=torch.float32, device="cuda")
+    aux = Operand(gu, 0, 0, 2 * n + (2 if what == "ld" else 4), offset=1 if what == "offset" else 0)
+    seg = Segment.all_rows(128, n, 128, Operand(a, 0, 0, 128), Operand(b, 0, 0, n), Operand(d, 0, 0, 2 * n), aux=aux)
+    arr = (_lib.MokSegment * 1)(seg.c())
+    ws = torch.empty(_lib._workspace_bytes(_lib.GEMM_NN_SWIGLU_BWD, 3, 1, 0), dtype=torch.uint8, device="cuda")
+    with pytest.raises(RuntimeError, match="16-byte"):
+        _lib._call("mok_grouped_gemm", a.device, _lib.GEMM_NN_SWIGLU_BWD, 3, arr, 1, _lib._p(ws), ws.numel(), 0)

@@ -22,6 +22,7 @@
 #include "cutlass/util/packed_stride.hpp"
 
 #include "epilogue_swiglu_bwd.cuh"
+#include "epilogue_swiglu_bwd_staged.cuh"
 #include "epilogue_swiglu_fwd.cuh"
 #include "gemm_kinds.h"
 #include "mainloop_gate_up.cuh"
@@ -85,8 +86,15 @@ struct GroupedGemm {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, LayoutD*, AlignD, ElementD, LayoutD*, AlignD, EpilogueSchedule_,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
-  using SwigluEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-      SwigluBwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>;
+  // The SwiGLU backward: [g | u] staged through shared memory in the ping-pong tiles (one warpgroup's epilogue at a
+  // time, overlapping the other's mainloop), loaded into registers in the cooperative ones.
+  static constexpr bool kPingpongSchedule =
+      cute::is_same_v<KernelSchedule_, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
+  using SwigluEpilogue = cute::conditional_t<
+      kPingpongSchedule,
+      StagedEpilogueAdapter<SwigluBwdStagedEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>,
+      cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+          SwigluBwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>>;
   using SwigluFwdEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
       SwigluFwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>;
   using CollectiveEpilogue = cute::conditional_t<
@@ -249,6 +257,11 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
       return set_error("segment %d: operand aux (%s) is null", j, G::kSwigluFwd ? "the a output" : "the [g | u] input");
     if (!G::kHasAux && segs[j].aux.base != nullptr)
       return set_error("segment %d: operand aux is set but this kind has none", j);
+    if (G::kSwigluBwd && (segs[j].n % 8 != 0 || segs[j].aux.ld % 4 != 0 || segs[j].aux.offset % 4 != 0 ||
+                          segs[j].aux.expert_stride % 4 != 0 || segs[j].aux.row_stride % 4 != 0 ||
+                          reinterpret_cast<uintptr_t>(segs[j].aux.base) % 16 != 0))
+      return set_error("segment %d: the SwiGLU backward needs n = %d a multiple of 8 and [g | u] rows 16-byte "
+                       "aligned (base, offset, strides and ld in whole 4-float chunks)", j, segs[j].n);
     if (G::kSwigluFwd && (segs[j].rows_dim != 0 || segs[j].n % G::kTileN != 0))
       return set_error("segment %d: n = %d must be a multiple of %d (gate and up halves of whole tiles) with rows "
                        "as M", j, segs[j].n, G::kTileN);
