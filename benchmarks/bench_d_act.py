@@ -81,5 +81,6 @@ def measure(name: str, c: dict, variants: list[int], a) -> tuple[float, float, f
         os.environ.pop(_tiles.ENV, None)
     return gemm_ms, kern_ms, pair_ms, fused_ms
 
+
 if __name__ == "__main__":
     main()

@@ -1,5 +1,5 @@
 """The d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD, MOK_FAST_FUSE_SWIGLU_BWD=1)
-against the default unfused pair (=0) (the d_a GEMM writes fp32 d_a, the swiglu_bwd kernel reads it back), in one
+against the default unfused pair (=0: the d_a GEMM writes fp32 d_a, the swiglu_bwd kernel reads it back), in one
 process: fwd+bwd of the fast layer (gate/up as halves of one tensor, bf16 weight gradients) with the unfused
 pair and with the fused kind in each tile variant (the other GEMMs in their default variant), interleaved
 round by round; median ms. Also checks that every choice gives the same d_x bits. CUDA only.

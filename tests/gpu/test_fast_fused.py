@@ -1,13 +1,11 @@
 """The d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD: [g | u] loaded into registers in the
 cooperative tiles, csrc/epilogue_swiglu_bwd.cuh, and staged through shared memory in the ping-pong ones, which the
 rule runs, csrc/epilogue_swiglu_bwd_staged.cuh; opt-in with MOK_FAST_FUSE_SWIGLU_BWD=1) gives the bits of the
-default unfused pair:
-the GEMM_NN_F32 d_a GEMM (fp32 d_a written out) followed by the swiglu_bwd kernel, for the routed rows and the
-shared expert, under every tile variant, on shapes with uneven and empty experts, token counts that are not
-multiples of 128 and I, S that are not multiples of a sub-tile's 32 columns, and with pre-activations wide enough
-to saturate the sigmoid (and infinities); and the whole layer gives the same nine outputs with the switch on as
-off.
-"""
+default unfused pair: the GEMM_NN_F32 d_a GEMM (fp32 d_a written out) followed by the swiglu_bwd kernel, for the
+routed rows and the shared expert, under every tile variant, on shapes with uneven and empty experts, token counts
+that are not multiples of 128 and I, S that are not multiples of a sub-tile's 32 columns, and with pre-activations
+wide enough to saturate the sigmoid (and infinities); and the whole layer gives the same nine outputs with the
+switch on as off."""
 import pytest
 import torch
 
@@ -78,14 +76,20 @@ def test_fused_parts_run_alone():
     assert_bitwise_equal(dgu_s, want_dgu_s, "shared part alone")
 
 
+def _launch_directly(seg: Segment, variant: int) -> None:
+    """One GEMM_NN_SWIGLU_BWD launch of `seg` through the C entry point, bypassing the binding's own checks."""
+    arr = (_lib.MokSegment * 1)(seg.c())
+    ws = torch.empty(_lib._workspace_bytes(_lib.GEMM_NN_SWIGLU_BWD, variant, 1, 0), dtype=torch.uint8, device="cuda")
+    _lib._call("mok_grouped_gemm", torch.device("cuda"), _lib.GEMM_NN_SWIGLU_BWD, variant, arr, 1, _lib._p(ws),
+               ws.numel(), 0)
+
+
 def test_the_library_refuses_a_fused_launch_without_its_input():
     """The C side checks operand aux too (the binding's check is bypassed here on purpose)."""
     x = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
     seg = Segment.all_rows(128, 64, 128, Operand(x, 0, 0, 128), Operand(x, 0, 0, 64), Operand(x, 0, 0, 128))
-    arr = (_lib.MokSegment * 1)(seg.c())
-    ws = torch.empty(_lib._workspace_bytes(_lib.GEMM_NN_SWIGLU_BWD, 0, 1, 0), dtype=torch.uint8, device="cuda")
     with pytest.raises(RuntimeError, match="operand aux"):
-        _lib._call("mok_grouped_gemm", x.device, _lib.GEMM_NN_SWIGLU_BWD, 0, arr, 1, _lib._p(ws), ws.numel(), 0)
+        _launch_directly(seg, 0)
 
 
 @pytest.mark.parametrize("cfg", SHAPES[::2], ids=["mid", "many_small"])
@@ -114,7 +118,5 @@ def test_the_library_refuses_g_u_rows_not_16_byte_aligned(what):
     gu = torch.zeros(128, 2 * n + 4, dtype=torch.float32, device="cuda")
     aux = Operand(gu, 0, 0, 2 * n + (2 if what == "ld" else 4), offset=1 if what == "offset" else 0)
     seg = Segment.all_rows(128, n, 128, Operand(a, 0, 0, 128), Operand(b, 0, 0, n), Operand(d, 0, 0, 2 * n), aux=aux)
-    arr = (_lib.MokSegment * 1)(seg.c())
-    ws = torch.empty(_lib._workspace_bytes(_lib.GEMM_NN_SWIGLU_BWD, 3, 1, 0), dtype=torch.uint8, device="cuda")
     with pytest.raises(RuntimeError, match="16-byte"):
-        _lib._call("mok_grouped_gemm", a.device, _lib.GEMM_NN_SWIGLU_BWD, 3, arr, 1, _lib._p(ws), ws.numel(), 0)
+        _launch_directly(seg, _tiles.PINGPONG)
