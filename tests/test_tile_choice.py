@@ -69,25 +69,31 @@ def test_grouped_gemm_checks_the_aux_operand_before_any_launch(kind, aux):
         _lib.grouped_gemm(kind, [_segment(aux)], torch.device("cpu"), 0)
 
 
-@pytest.mark.parametrize("text, want", [
-    (None, False),  # unset: the unfused pair (end to end as fast or faster, benchmarks/RESULTS.md run 15)
-    ("0", False),
-    ("1", True),
-    (" 1 ", True),  # surrounding blanks are fine
+@pytest.mark.parametrize("text, I, S, want", [
+    (None, 768, 0, False),       # unset, Qwen3-30B-A3B: many small experts keep the pair (benchmarks/RESULTS.md run 16)
+    (None, 1024, 0, False),      # unset, OLMoE-1B-7B: I = SMALL_I is still small
+    (None, 1536, 1536, True),    # unset, mid-64e: large experts fuse (less energy a step)
+    (None, 14336, 0, True),      # unset, Mixtral-8x7B
+    (None, 1540, 0, False),      # unset, large but 8 does not split I: the kind cannot copy [g | u] in 16-byte chunks
+    (None, 2048, 1028, False),   # ... nor S
+    ("0", 14336, 0, False),      # forced off
+    ("1", 768, 0, True),         # forced on
+    (" 1 ", 768, 0, True),       # surrounding blanks are fine
+    ("1", 1540, 0, False),       # forced on, but the kind cannot run this I: the pair (same bits)
 ])
-def test_fuse_switch(monkeypatch, text, want):
+def test_fuse_switch(monkeypatch, text, I, S, want):
     if text is None:
         monkeypatch.delenv(_tiles.FUSE_ENV, raising=False)
     else:
         monkeypatch.setenv(_tiles.FUSE_ENV, text)
-    assert _tiles.fuse_swiglu_bwd() is want
+    assert _tiles.fuse_swiglu_bwd(I, S) is want
 
 
 @pytest.mark.parametrize("text", ["2", "yes", "true"])  # anything but 0 or 1 is refused, never read as a wish
 def test_bad_fuse_switch_raises_naming_the_variable(monkeypatch, text):
     monkeypatch.setenv(_tiles.FUSE_ENV, text)
     with pytest.raises(ValueError, match=_tiles.FUSE_ENV):
-        _tiles.fuse_swiglu_bwd()
+        _tiles.fuse_swiglu_bwd(2048, 0)
 
 
 @pytest.mark.parametrize("H, I, S, want, want_switch_on", [

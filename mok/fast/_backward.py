@@ -1,9 +1,8 @@
 """Backward pass of the fast path (one GPU, W = 1), as named stages.
 
 pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GEMM (+ shared; fp32 da)
--> SwiGLU backward (dg | du, bf16) (or both in one launch, the SwiGLU backward in the GEMM's epilogue, with
-MOK_FAST_FUSE_SWIGLU_BWD=1: the same bits, no fp32 da buffer, end to end within 1% on four benchmark shapes and
-5.6% slower on a fifth; _tiles.py) -> d_x rows grouped GEMM
+-> SwiGLU backward (dg | du, bf16) (or both in one launch, the SwiGLU backward in the GEMM's epilogue, for large
+experts: the same bits, no fp32 da buffer, less energy a step; _tiles.fuse_swiglu_bwd) -> d_x rows grouped GEMM
 against [gate; up] (+ shared; read as is when gate and up are halves of one tensor, else concatenated on a side
 stream meanwhile) -> d_x combine (fp32, shared first then k ascending; on the side stream, overlapping) ->
 weight-gradient grouped GEMMs, gate/up then down with [dg | du] freed in between (fp32 accumulators reduced over
@@ -66,15 +65,15 @@ def gate_up_weights(rg, ru, sg, su, side: torch.cuda.Stream | None = None):
 def d_act_swiglu(ctx: FastContext, dy, go_RH, rd, sd):
     """(dgu [R, 2I] bf16, dgu_s [T, 2S] bf16 or None) = [bf16(da*u*silu'(g)) | bf16(da*silu(g))], da = go · W_down[e]
     (dy · shared_down for the shared expert) in fp32, [g | u] the saved fp32 pre-activations: `d_act_swiglu_fused`
-    when `_tiles.fuse_swiglu_bwd()`, else `d_act_swiglu_unfused` (the same bits: tests/gpu/test_fast_fused.py).
+    when `_tiles.fuse_swiglu_bwd(I, S)`, else `d_act_swiglu_unfused` (the same bits: tests/gpu/test_fast_fused.py).
     go_RH None: the shared part only (dgu None); dy None: the routed part only (dgu_s None)."""
-    fn = d_act_swiglu_fused if _tiles.fuse_swiglu_bwd() else d_act_swiglu_unfused
+    fn = d_act_swiglu_fused if _tiles.fuse_swiglu_bwd(ctx.dims.I, ctx.dims.S) else d_act_swiglu_unfused
     return fn(ctx, dy, go_RH, rd, sd)
 
 
 def d_act_swiglu_fused(ctx: FastContext, dy, go_RH, rd, sd):
-    """`d_act_swiglu` in one launch (GEMM_NN_SWIGLU_BWD, MOK_FAST_FUSE_SWIGLU_BWD=1): the SwiGLU backward in the d_a
-    GEMMs' epilogue, so the fp32 da [R, I] is never written (benchmarks/RESULTS.md run 15)."""
+    """`d_act_swiglu` in one launch (GEMM_NN_SWIGLU_BWD; large experts, or MOK_FAST_FUSE_SWIGLU_BWD=1): the SwiGLU
+    backward in the d_a GEMMs' epilogue, so the fp32 da [R, I] is never written (benchmarks/RESULTS.md runs 15, 16)."""
     d, dev = ctx.dims, (go_RH if go_RH is not None else dy).device
     dgu = None if go_RH is None else _empty(dev, torch.bfloat16, go_RH.shape[0], 2 * d.I)
     dgu_s = _empty(dev, torch.bfloat16, d.T, 2 * d.S) if d.S and dy is not None else None
@@ -83,7 +82,7 @@ def d_act_swiglu_fused(ctx: FastContext, dy, go_RH, rd, sd):
 
 
 def d_act_swiglu_unfused(ctx: FastContext, dy, go_RH, rd, sd):
-    """`d_act_swiglu` in two steps (the default): the d_a GEMMs write fp32 da [R, I] and da_s [T, S]
+    """`d_act_swiglu` in two steps (small experts): the d_a GEMMs write fp32 da [R, I] and da_s [T, S]
     (GEMM_NN_F32), then the swiglu_bwd kernel reads them back with [g | u]."""
     d, dev = ctx.dims, (go_RH if go_RH is not None else dy).device
     I, S, T = d.I, d.S, d.T

@@ -11,14 +11,17 @@ benchmarks/profile_fast.py` with MOK_FAST_GEMM_VARIANT set): the weight-gradient
 ping-pong 128x192 when the routed intermediate size is small (I <= 1024: 3-9% faster per GEMM on Qwen3-30B-A3B),
 else the cooperative 128x256 tile (as fast or faster for I = 1536 to 14336).
 
-`MOK_FAST_FUSE_SWIGLU_BWD=1` runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD: [dg | du]
-in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor read back by the swiglu_bwd
-kernel; the same bits) in the ping-pong tile without clusters, whose epilogue stages [g | u] through shared memory
-(csrc/epilogue_swiglu_bwd_staged.cuh) and overlaps the other warpgroup's mainloop. Alone it is faster than the pair
-(benchmarks/RESULTS.md run 15, `python benchmarks/bench_d_act.py`: 1.01 -> 1.00 ms on Qwen3-30B-A3B, 1.50 -> 1.20 on
-mid-64e, 3.85 -> 3.65 on the DeepSeek-V3 slice, 3.75 -> 3.14 on Mixtral-8x7B), but end to end, interleaved in one
-process (`python benchmarks/bench_fused.py --timing stream`), it is within 1% of the pair on four shapes and 5.6%
-slower on OLMoE-1B-7B, so it stays off by default: it is the way to save that transient R x I x 4 bytes.
+Layers with large experts (I > SMALL_I) run the d_a GEMM with the SwiGLU backward in its epilogue
+(GEMM_NN_SWIGLU_BWD: [dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor
+read back by the swiglu_bwd kernel; the same bits) in the ping-pong tile without clusters, whose epilogue stages
+[g | u] through shared memory (csrc/epilogue_swiglu_bwd_staged.cuh) and overlaps the other warpgroup's mainloop.
+Alone it is faster than the pair (benchmarks/RESULTS.md run 15, `python benchmarks/bench_d_act.py`: 1.01 -> 1.00 ms
+on Qwen3-30B-A3B, 1.50 -> 1.20 on mid-64e, 3.85 -> 3.65 on the DeepSeek-V3 slice, 3.75 -> 3.14 on Mixtral-8x7B).
+A training step runs at the GPU's power limit, so what sets its speed is the energy a step takes: with steps back
+to back for seconds (`python benchmarks/energy_probe.py`, run 16) the fused launch takes 1.1-3.4% less energy per
+step and 0.7-2.0% less time on mid-64e, the DeepSeek-V3 slice and Mixtral-8x7B, and more of both on Qwen3-30B-A3B
+and OLMoE-1B-7B (I <= 1024), which keep the pair. It also saves that transient R x I x 4 bytes.
+`MOK_FAST_FUSE_SWIGLU_BWD=1` / `=0` fuses wherever 8 splits I and S / nowhere.
 
 The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
 up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
@@ -73,10 +76,15 @@ def _parse(text: str) -> tuple[int, ...] | None:
     return tuple(vals)
 
 
-def fuse_swiglu_bwd() -> bool:
-    """Whether MOK_FAST_FUSE_SWIGLU_BWD asks for the fused d_a + SwiGLU-backward GEMM ("1"; unset, "" or "0":
-    no); ValueError naming the variable for anything else."""
-    return _switch(FUSE_ENV, False)
+def fuse_swiglu_bwd(I: int, S: int) -> bool:
+    """Whether a layer of routed and shared intermediate sizes I and S (0: none) runs the fused d_a + SwiGLU-backward
+    GEMM: when I > SMALL_I (large experts: less energy per step and faster under the power limit; many small experts:
+    slower), unless MOK_FAST_FUSE_SWIGLU_BWD says "1" (always) or "0" (never); never when 8 does not split I and S
+    (the kind copies [g | u] in 16-byte chunks). ValueError naming the variable for a value other than 0 or 1."""
+    forced = _switch(FUSE_ENV, None)
+    if I % 8 or S % 8:
+        return False
+    return I > SMALL_I if forced is None else forced
 
 
 def _switch(name: str, default: bool | None) -> bool | None:

@@ -1,0 +1,148 @@
+"""Energy per step under the GPU's power limit: what a training loop meets when it runs for seconds, not bursts.
+
+For each workload it first times a burst as `bench_moe.py` does (3 warm-ups, median of 10 queued, after --cool
+seconds idle), then runs it back to back for --seconds and reads NVML's energy counter (mJ) and the SM clock
+between chunks of about 0.25 s of calls. Printed per workload: burst ms, steady ms (the calls after the first
+second), J per call, mean W, mean SM MHz, and TFLOP/s in both regimes (FLOPs as configs.json counts them; the
+matmul: 2·8192³).
+Workloads: `matmul` (one 8192³ bf16 product: bench_moe's peak), `mok:<config>` (mok.fast fwd+bwd, gate and up
+as one tensor, bf16 weight gradients), `fused:<config>` / `unfused:<config>` (the same with
+MOK_FAST_FUSE_SWIGLU_BWD=1 / =0), `grouped_mm:<config>` (the grouped_mm path). `<config>@S0` drops the shared
+expert; `+VAR=VALUE` after it sets an environment variable for that workload's calls (e.g.
+`mok:qwen3-30b-a3b+MOK_FAST_GEMM_VARIANT=2`). CUDA only.
+
+Usage: python benchmarks/energy_probe.py [workload ...] [--seconds 4] [--cool 2]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_moe import CONFIGS, SUITE, Method, load_configs, make_bench_inputs, timed  # noqa: E402
+from mok.fast import _tiles  # noqa: E402
+
+DEFAULT = ["matmul", "mok:qwen3-30b-a3b", "grouped_mm:qwen3-30b-a3b", "mok:mixtral-8x7b", "matmul"]
+
+
+class Nvml:
+    """The few NVML calls used here, through ctypes (no pynvml on the device machine)."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self._ok(self.lib.nvmlInit_v2())
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0".encode()
+        self.dev = ctypes.c_void_p()
+        self._ok(self.lib.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus), ctypes.byref(self.dev)))
+
+    @staticmethod
+    def _ok(rc: int) -> None:
+        if rc != 0:
+            raise RuntimeError(f"NVML call failed with code {rc}")
+
+    def energy_mj(self) -> int:
+        v = ctypes.c_ulonglong()
+        self._ok(self.lib.nvmlDeviceGetTotalEnergyConsumption(self.dev, ctypes.byref(v)))
+        return v.value
+
+    def sm_mhz(self) -> int:
+        v = ctypes.c_uint()
+        self._ok(self.lib.nvmlDeviceGetClockInfo(self.dev, 1, ctypes.byref(v)))  # NVML_CLOCK_SM
+        return v.value
+
+
+def workload(spec: str, configs: dict):
+    """(fn, FLOPs per call, label) for one workload spec."""
+    if spec == "matmul":
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        return (lambda: a @ b), 2 * 8192**3
+    kind, name = spec.split(":", 1)
+    name, *env = name.split("+")  # VAR=VALUE settings for this workload's calls
+    env = dict(e.split("=", 1) for e in env)
+    base, _, tail = name.partition("@")
+    c = dict(configs[base])
+    if tail == "S0":
+        c["S"] = 0
+    elif tail:
+        raise ValueError(f"workload {spec!r}: only '@S0' may follow the config name")
+    flops = 3 * 6 * c["H"] * (c["T"] * c["K"] * c["I"] + c["T"] * c["S"])
+    meth = Method("grouped_mm" if kind == "grouped_mm" else "mok_gu", make_bench_inputs(c, "random"), torch.bfloat16)
+    if kind not in ("mok", "fused", "unfused", "grouped_mm"):
+        raise ValueError(f"workload {spec!r}: kind must be mok, fused, unfused or grouped_mm")
+    if kind in ("fused", "unfused"):
+        env[_tiles.FUSE_ENV] = "1" if kind == "fused" else "0"
+
+    def fn():
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            meth.fwd_bwd()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return fn, flops
+
+
+def measure(fn, nvml: Nvml, seconds: float, cool: float) -> dict:
+    """Burst ms (bench_moe's protocol after `cool` s idle), then steady ms, J, W, MHz over `seconds` back to back."""
+    fn()
+    torch.cuda.synchronize()
+    time.sleep(cool)
+    burst = timed(fn, 3, 10, "stream")
+    chunks = []  # (t_host, energy_mj, calls so far, sm MHz)
+    t0, n = time.time(), 0
+    chunks.append((t0, nvml.energy_mj(), 0, nvml.sm_mhz()))
+    per_chunk = max(5, math.ceil(250.0 / burst))  # ~0.25 s of work between the host's reads
+    while time.time() - t0 < seconds:
+        for _ in range(per_chunk):
+            fn()
+        n += per_chunk
+        torch.cuda.synchronize()
+        chunks.append((time.time(), nvml.energy_mj(), n, nvml.sm_mhz()))
+    settled = [c for c in chunks if c[0] - t0 >= 1.0]
+    if len(settled) < 2:
+        raise RuntimeError(f"--seconds {seconds} leaves fewer than two chunks after the first second")
+    (ta, ea, na, _), (tb, eb, nb, _) = settled[0], settled[-1]
+    calls = nb - na
+    return {"burst_ms": burst, "steady_ms": (tb - ta) * 1e3 / calls, "j": (eb - ea) / 1e3 / calls,
+            "w": (eb - ea) / 1e3 / (tb - ta), "mhz": sum(c[3] for c in settled) / len(settled)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workloads", nargs="*", default=DEFAULT)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--cool", type=float, default=2.0)
+    a = ap.parse_args()
+    configs = {x["name"]: x for x in load_configs(CONFIGS) + load_configs(SUITE)}
+    nvml = Nvml()
+    print(f"{torch.cuda.get_device_name()}; steady = calls back to back after the first of {a.seconds} s; "
+          f"burst = 3 warm-ups + median of 10 queued, after {a.cool} s idle")
+    print("| workload | burst ms | steady ms | burst TFLOP/s | steady TFLOP/s | J per call | mean W | mean SM MHz "
+          "| GFLOP per J |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for spec in a.workloads:
+        fn, flops = workload(spec, configs)
+        r = measure(fn, nvml, a.seconds, a.cool)
+        print(f"| {spec} | {r['burst_ms']:.2f} | {r['steady_ms']:.2f} | {flops / r['burst_ms'] / 1e9:.0f} | "
+              f"{flops / r['steady_ms'] / 1e9:.0f} | {r['j']:.3f} | {r['w']:.0f} | {r['mhz']:.0f} | "
+              f"{flops / r['j'] / 1e9:.0f} |", flush=True)
+        del fn
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
