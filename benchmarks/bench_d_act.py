@@ -26,16 +26,21 @@ from mok.fast import _backward, _lib, _tiles  # noqa: E402
 from mok.harness.bits import assert_bitwise_equal  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def step_args(doc: str, variants: str):
+    """(args, {name: config}, [variant]) from the command line of a one-step benchmark (this one, bench_gate_up.py)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("configs", nargs="?", default="qwen3-30b-a3b,mid-64e,olmoe-1b-7b,dsv3-ep8-slice,mixtral-8x7b")
-    ap.add_argument("--variants", default="0,2,3")
+    ap.add_argument("--variants", default=variants)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-check", action="store_true", help="skip the bit check (diagnostic builds)")
     a = ap.parse_args()
     configs = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
-    variants = [int(v) for v in a.variants.split(",")]
+    return a, configs, [int(v) for v in a.variants.split(",")]
+
+
+def main() -> None:
+    a, configs, variants = step_args(__doc__, "0,2,3")
     os.environ.pop(_tiles.ENV, None)
     os.environ.pop(_tiles.FUSE_ENV, None)
     print(f"device {torch.cuda.get_device_name()}; ms, median of {a.rounds} rounds of {a.reps} launches queued")

@@ -10,7 +10,6 @@ Usage: python benchmarks/bench_gate_up.py [config,...] [--variants 0,3] [--round
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -19,7 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_moe import ARGS, CONFIGS, SUITE, load_configs, make_bench_inputs  # noqa: E402
+from bench_d_act import step_args  # noqa: E402
+from bench_moe import ARGS, make_bench_inputs  # noqa: E402
 from bench_token_kernels import timed_ms  # noqa: E402
 
 import mok.fast as fast  # noqa: E402
@@ -30,15 +30,7 @@ from mok.harness.cases import with_stacked_gate_up  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("configs", nargs="?", default="qwen3-30b-a3b,mid-64e,olmoe-1b-7b,dsv3-ep8-slice,mixtral-8x7b")
-    ap.add_argument("--variants", default="0,3")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--no-check", action="store_true", help="skip the bit check (diagnostic builds)")
-    a = ap.parse_args()
-    configs = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
-    variants = [int(v) for v in a.variants.split(",")]
+    a, configs, variants = step_args(__doc__, "0,3")
     os.environ.pop(_tiles.ENV, None)
     print(f"device {torch.cuda.get_device_name()}; ms, median of {a.rounds} rounds of {a.reps} launches queued; "
           "'-': the variant's halves do not split I and S")

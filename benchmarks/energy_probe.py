@@ -60,27 +60,41 @@ class Nvml:
         return v.value
 
 
-def workload(spec: str, configs: dict):
-    """(fn, FLOPs per call, label) for one workload spec."""
+KINDS = ("mok", "fused", "unfused", "grouped_mm")
+
+
+def parse_workload(spec: str, configs: dict) -> tuple[str, dict | None, dict]:
+    """(kind, layer config or None for the matmul, environment settings) of a workload spec
+    `kind:config[@S0][+VAR=VALUE...]` or `matmul`; ValueError naming the spec for anything else."""
     if spec == "matmul":
+        return "matmul", None, {}
+    kind, sep, rest = spec.partition(":")
+    if not sep or kind not in KINDS:
+        raise ValueError(f"workload {spec!r}: expected 'matmul' or KIND:CONFIG with KIND one of {', '.join(KINDS)}")
+    name, *settings = rest.split("+")
+    if any("=" not in e or e.startswith("=") for e in settings):
+        raise ValueError(f"workload {spec!r}: settings after the config are +VAR=VALUE")
+    env = dict(e.split("=", 1) for e in settings)
+    base, _, tail = name.partition("@")
+    if base not in configs:
+        raise ValueError(f"workload {spec!r}: no config {base!r} in configs.json or suite.json")
+    if tail not in ("", "S0"):
+        raise ValueError(f"workload {spec!r}: only '@S0' may follow the config name")
+    c = dict(configs[base], S=0) if tail == "S0" else dict(configs[base])
+    if kind in ("fused", "unfused"):
+        env[_tiles.FUSE_ENV] = "1" if kind == "fused" else "0"
+    return kind, c, env
+
+
+def workload(spec: str, configs: dict):
+    """(fn, FLOPs per call) for one workload spec (`parse_workload`)."""
+    kind, c, env = parse_workload(spec, configs)
+    if c is None:
         a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         return (lambda: a @ b), 2 * 8192**3
-    kind, name = spec.split(":", 1)
-    name, *env = name.split("+")  # VAR=VALUE settings for this workload's calls
-    env = dict(e.split("=", 1) for e in env)
-    base, _, tail = name.partition("@")
-    c = dict(configs[base])
-    if tail == "S0":
-        c["S"] = 0
-    elif tail:
-        raise ValueError(f"workload {spec!r}: only '@S0' may follow the config name")
     flops = 3 * 6 * c["H"] * (c["T"] * c["K"] * c["I"] + c["T"] * c["S"])
     meth = Method("grouped_mm" if kind == "grouped_mm" else "mok_gu", make_bench_inputs(c, "random"), torch.bfloat16)
-    if kind not in ("mok", "fused", "unfused", "grouped_mm"):
-        raise ValueError(f"workload {spec!r}: kind must be mok, fused, unfused or grouped_mm")
-    if kind in ("fused", "unfused"):
-        env[_tiles.FUSE_ENV] = "1" if kind == "fused" else "0"
 
     def fn():
         saved = {k: os.environ.get(k) for k in env}
@@ -128,6 +142,8 @@ def main() -> None:
     ap.add_argument("--cool", type=float, default=2.0)
     a = ap.parse_args()
     configs = {x["name"]: x for x in load_configs(CONFIGS) + load_configs(SUITE)}
+    for spec in a.workloads:  # every spec checked before the first one runs
+        parse_workload(spec, configs)
     nvml = Nvml()
     print(f"{torch.cuda.get_device_name()}; steady = calls back to back after the first of {a.seconds} s; "
           f"burst = 3 warm-ups + median of 10 queued, after {a.cool} s idle")

@@ -41,3 +41,44 @@ def test_bench_ep_traffic_counts_rows_routed_to_each_rank():
     assert (r0["rows"], r0["remote_rows"]) == (4, 2)   # ids 0, 1 at (0,0), (1,0), (2,0), (2,1)
     assert (r1["rows"], r1["remote_rows"]) == (4, 2)   # ids 2, 3 at (0,1), (1,1), (3,0), (3,1)
     assert r0["bytes"] == 4 * 8 * 2 and r0["remote_bytes"] == 2 * 8 * 2
+
+
+def _energy_probe():
+    """(energy_probe.parse_workload, {name: config} of configs.json and suite.json)."""
+    import sys
+    sys.path.insert(0, str(BENCH))
+    from bench_moe import CONFIGS, SUITE, load_configs
+    from energy_probe import parse_workload
+
+    return parse_workload, {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
+
+
+@pytest.mark.parametrize("spec, want", [
+    ("matmul", ("matmul", None, {})),                                   # the peak's 8192^3 product
+    ("mok:qwen3-30b-a3b", ("mok", {"S": 0, "I": 768}, {})),               # the default rule
+    ("fused:mid-64e@S0", ("fused", {"S": 0, "I": 1536}, {"MOK_FAST_FUSE_SWIGLU_BWD": "1"})),  # shared expert dropped
+    ("unfused:mid-64e", ("unfused", {"S": 1536}, {"MOK_FAST_FUSE_SWIGLU_BWD": "0"})),
+    ("mok:dsv3-ep8-slice@S0+MOK_FAST_GEMM_VARIANT=0,1,0,1,2,2,3,0,0+A=b=c",  # settings keep commas and later '='
+     ("mok", {"S": 0, "H": 7168}, {"MOK_FAST_GEMM_VARIANT": "0,1,0,1,2,2,3,0,0", "A": "b=c"})),
+])
+def test_energy_probe_reads_workload_specs(spec, want):
+    parse_workload, configs = _energy_probe()
+    kind, c, env = parse_workload(spec, configs)
+    assert (kind, env) == (want[0], want[2])
+    if want[1] is None:
+        assert c is None
+    else:
+        assert {k: c[k] for k in want[1]} == want[1]
+
+
+@pytest.mark.parametrize("spec", [
+    "mok",                        # no config
+    "slow:qwen3-30b-a3b",         # unknown kind
+    "mok:qwen3-30b",              # unknown config
+    "mok:qwen3-30b-a3b@S1",       # only @S0
+    "mok:qwen3-30b-a3b+NOEQUALS",  # a setting without '='
+])
+def test_energy_probe_refuses_bad_specs_naming_them(spec):
+    parse_workload, configs = _energy_probe()
+    with pytest.raises(ValueError, match="workload"):
+        parse_workload(spec, configs)
