@@ -44,10 +44,20 @@ def load_configs(path: Path) -> list[dict]:
     return json.loads(Path(path).read_text())["configs"]
 
 
+def bench_routing(cfg: MoEConfig, routing: str, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_idx [T, K], topk_weight [T, K] fp32) on the CPU: as configs.json says (mok.harness.cases.make_routing),
+    or "balanced": pair t·K + k picks expert (t·K + k) mod E, so every expert gets T·K / E rows when E divides T·K
+    (K <= E consecutive ids: distinct within a token; the weights stay the random routing's)."""
+    idx, w = make_routing(cfg, torch.Generator().manual_seed(seed), "random" if routing == "balanced" else routing)
+    if routing == "balanced":
+        idx = (torch.arange(cfg.T * cfg.K).reshape(cfg.T, cfg.K) % cfg.E).to(idx.dtype)
+    return idx, w
+
+
 def make_bench_inputs(c: dict, routing: str, seed: int = 1) -> dict:
-    """Routing as configs.json says (mok.harness.cases.make_routing on the CPU); the rest drawn on the GPU."""
+    """Routing from `bench_routing` (on the CPU); the rest drawn on the GPU."""
     cfg = MoEConfig(c["T"], c["H"], c["I"], c["E"], c["K"], c["S"])
-    idx, w = make_routing(cfg, torch.Generator().manual_seed(seed), routing)
+    idx, w = bench_routing(cfg, routing, seed)
     g = torch.Generator(device="cuda").manual_seed(seed)
     T, H, I, E, S = cfg.T, cfg.H, cfg.I, cfg.E, cfg.S
 

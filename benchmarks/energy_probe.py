@@ -7,8 +7,10 @@ second), J per call, mean W, mean SM MHz, and TFLOP/s in both regimes (FLOPs as 
 matmul: 2·8192³).
 Workloads: `matmul` (one 8192³ bf16 product: bench_moe's peak), `mok:<config>` (mok.fast fwd+bwd, gate and up
 as one tensor, bf16 weight gradients), `fused:<config>` / `unfused:<config>` (the same with
-MOK_FAST_FUSE_SWIGLU_BWD=1 / =0), `grouped_mm:<config>` (the grouped_mm path). `<config>@S0` drops the shared
-expert; `+VAR=VALUE` after it sets an environment variable for that workload's calls (e.g.
+MOK_FAST_FUSE_SWIGLU_BWD=1 / =0), `grouped_mm:<config>` (the grouped_mm path), `dense:<config>` (the step's
+products as dense cuBLAS matmuls of all its rows, `dense_floor.py`: a floor for GEMMs at cuBLAS's rate).
+`<config>@S0` drops the shared expert, `@balanced` routes every expert the same number of rows
+(`bench_moe.make_bench_inputs`); `+VAR=VALUE` after it sets an environment variable for that workload's calls (e.g.
 `mok:qwen3-30b-a3b+MOK_FAST_GEMM_VARIANT=2`). CUDA only.
 
 Usage: python benchmarks/energy_probe.py [workload ...] [--seconds 4] [--cool 2]
@@ -27,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dense_floor import dense_products, dense_step  # noqa: E402
 from bench_moe import CONFIGS, SUITE, Method, load_configs, make_bench_inputs, timed  # noqa: E402
 from mok.fast import _tiles  # noqa: E402
 
@@ -60,7 +63,7 @@ class Nvml:
         return v.value
 
 
-KINDS = ("mok", "fused", "unfused", "grouped_mm")
+KINDS = ("mok", "fused", "unfused", "grouped_mm", "dense")
 
 
 def parse_workload(spec: str, configs: dict) -> tuple[str, dict | None, dict]:
@@ -75,12 +78,14 @@ def parse_workload(spec: str, configs: dict) -> tuple[str, dict | None, dict]:
     if any("=" not in e or e.startswith("=") for e in settings):
         raise ValueError(f"workload {spec!r}: settings after the config are +VAR=VALUE")
     env = dict(e.split("=", 1) for e in settings)
-    base, _, tail = name.partition("@")
+    base, *tails = name.split("@")
     if base not in configs:
         raise ValueError(f"workload {spec!r}: no config {base!r} in configs.json or suite.json")
-    if tail not in ("", "S0"):
-        raise ValueError(f"workload {spec!r}: only '@S0' may follow the config name")
-    c = dict(configs[base], S=0) if tail == "S0" else dict(configs[base])
+    if any(t not in ("S0", "balanced") for t in tails):
+        raise ValueError(f"workload {spec!r}: only '@S0' and '@balanced' may follow the config name")
+    c = dict(configs[base], routing="balanced" if "balanced" in tails else "random")
+    if "S0" in tails:
+        c["S"] = 0
     if kind in ("fused", "unfused"):
         env[_tiles.FUSE_ENV] = "1" if kind == "fused" else "0"
     return kind, c, env
@@ -94,7 +99,9 @@ def workload(spec: str, configs: dict):
         b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         return (lambda: a @ b), 2 * 8192**3
     flops = 3 * 6 * c["H"] * (c["T"] * c["K"] * c["I"] + c["T"] * c["S"])
-    meth = Method("grouped_mm" if kind == "grouped_mm" else "mok_gu", make_bench_inputs(c, "random"), torch.bfloat16)
+    if kind == "dense":
+        return dense_step(dense_products(c)), flops
+    meth = Method("grouped_mm" if kind == "grouped_mm" else "mok_gu", make_bench_inputs(c, c["routing"]), torch.bfloat16)
 
     def fn():
         saved = {k: os.environ.get(k) for k in env}

@@ -58,6 +58,9 @@ def _energy_probe():
     ("mok:qwen3-30b-a3b", ("mok", {"S": 0, "I": 768}, {})),               # the default rule
     ("fused:mid-64e@S0", ("fused", {"S": 0, "I": 1536}, {"MOK_FAST_FUSE_SWIGLU_BWD": "1"})),  # shared expert dropped
     ("unfused:mid-64e", ("unfused", {"S": 1536}, {"MOK_FAST_FUSE_SWIGLU_BWD": "0"})),
+    ("dense:mixtral-8x7b", ("dense", {"K": 2, "I": 14336}, {})),          # the dense-GEMM floor of the step
+    ("mok:mid-64e@S0@balanced", ("mok", {"S": 0, "routing": "balanced"}, {})),  # every expert T*K/E rows
+    ("mok:qwen3-30b-a3b", ("mok", {"routing": "random"}, {})),            # configs.json's routing by default
     ("mok:dsv3-ep8-slice@S0+MOK_FAST_GEMM_VARIANT=0,1,0,1,2,2,3,0,0+A=b=c",  # settings keep commas and later '='
      ("mok", {"S": 0, "H": 7168}, {"MOK_FAST_GEMM_VARIANT": "0,1,0,1,2,2,3,0,0", "A": "b=c"})),
 ])
@@ -75,10 +78,54 @@ def test_energy_probe_reads_workload_specs(spec, want):
     "mok",                        # no config
     "slow:qwen3-30b-a3b",         # unknown kind
     "mok:qwen3-30b",              # unknown config
-    "mok:qwen3-30b-a3b@S1",       # only @S0
+    "mok:qwen3-30b-a3b@S1",       # only @S0 and @balanced
+    "mok:qwen3-30b-a3b@bal",      # a misspelt routing is not dropped silently
     "mok:qwen3-30b-a3b+NOEQUALS",  # a setting without '='
 ])
 def test_energy_probe_refuses_bad_specs_naming_them(spec):
     parse_workload, configs = _energy_probe()
     with pytest.raises(ValueError, match="workload"):
         parse_workload(spec, configs)
+
+
+@pytest.mark.parametrize("c", [
+    dict(T=3, H=16, I=8, K=2, S=0),    # routed experts only
+    dict(T=5, H=8, I=16, K=3, S=24),   # with a shared expert
+])
+def test_dense_floor_runs_the_steps_flops_as_six_products_per_expert(c):
+    import sys
+
+    import torch
+    sys.path.insert(0, str(BENCH))
+    from dense_floor import dense_products, dense_step
+
+    products = dense_products(c, "cpu")
+    assert len(products) == 6 * (2 if c["S"] else 1)
+    flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for _, a, b in products)
+    assert flops == 3 * 6 * c["H"] * (c["T"] * c["K"] * c["I"] + c["T"] * c["S"])  # energy_probe's count
+    for out, _, _ in products:
+        out.fill_(float("nan"))
+    dense_step(products)()
+    for out, a, b in products:
+        assert torch.equal(out, torch.mm(a, b))
+
+
+@pytest.mark.parametrize("T, E, K", [
+    (16, 8, 2),    # few large experts
+    (24, 64, 8),   # many small ones: 3 rows each
+])
+def test_balanced_bench_routing_gives_every_expert_the_same_rows(T, E, K):
+    import sys
+
+    import torch
+    sys.path.insert(0, str(BENCH))
+    from bench_moe import bench_routing
+    from mok.harness.cases import MoEConfig
+
+    cfg = MoEConfig(T=T, H=8, I=8, E=E, K=K, S=0)
+    idx, w = bench_routing(cfg, "balanced")
+    random_idx, random_w = bench_routing(cfg, "random")
+    assert idx.dtype == random_idx.dtype and idx.shape == (T, K)
+    assert torch.equal(torch.bincount(idx.flatten(), minlength=E), torch.full((E,), T * K // E))
+    assert all(len(set(row.tolist())) == K for row in idx), "distinct experts within a token"
+    assert torch.equal(w, random_w)

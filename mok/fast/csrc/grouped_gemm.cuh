@@ -111,6 +111,10 @@ struct GroupedGemm {
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  // CUTLASS finds an over-full shared memory only at launch ("initialize: Error Internal"); catch it here.
+  static_assert(sizeof(typename GemmKernel::SharedStorage) <=
+                    cutlass::gemm::collective::detail::sm90_smem_capacity_bytes,
+                "the kernel's shared memory exceeds the SM's");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
   using StrideA = typename GemmKernel::InternalStrideA;
   using StrideB = typename GemmKernel::InternalStrideB;
