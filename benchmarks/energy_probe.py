@@ -10,8 +10,8 @@ as one tensor, bf16 weight gradients), `fused:<config>` / `unfused:<config>` (th
 MOK_FAST_FUSE_SWIGLU_BWD=1 / =0), `grouped_mm:<config>` (the grouped_mm path), `dense:<config>` (the step's
 products as dense cuBLAS matmuls of all its rows, `dense_floor.py`: a floor for GEMMs at cuBLAS's rate).
 `<config>@S0` drops the shared expert, `@balanced` routes every expert the same number of rows
-(`bench_moe.make_bench_inputs`); `+VAR=VALUE` after it sets an environment variable for that workload's calls (e.g.
-`mok:qwen3-30b-a3b+MOK_FAST_GEMM_VARIANT=2`). CUDA only.
+(`bench_moe.bench_routing`; not for `dense:`, which has no routing); `+VAR=VALUE` after it sets an environment
+variable for that workload's calls (e.g. `mok:qwen3-30b-a3b+MOK_FAST_GEMM_VARIANT=2`). CUDA only.
 
 Usage: python benchmarks/energy_probe.py [workload ...] [--seconds 4] [--cool 2]
 """
@@ -86,6 +86,8 @@ def parse_workload(spec: str, configs: dict) -> tuple[str, dict | None, dict]:
     c = dict(configs[base], routing="balanced" if "balanced" in tails else "random")
     if "S0" in tails:
         c["S"] = 0
+    if kind == "dense" and "balanced" in tails:
+        raise ValueError(f"workload {spec!r}: a dense floor has no routing to balance")
     if kind in ("fused", "unfused"):
         env[_tiles.FUSE_ENV] = "1" if kind == "fused" else "0"
     return kind, c, env
@@ -101,7 +103,8 @@ def workload(spec: str, configs: dict):
     flops = 3 * 6 * c["H"] * (c["T"] * c["K"] * c["I"] + c["T"] * c["S"])
     if kind == "dense":
         return dense_step(dense_products(c)), flops
-    meth = Method("grouped_mm" if kind == "grouped_mm" else "mok_gu", make_bench_inputs(c, c["routing"]), torch.bfloat16)
+    inputs = make_bench_inputs(c, c["routing"])
+    meth = Method("grouped_mm" if kind == "grouped_mm" else "mok_gu", inputs, torch.bfloat16)
 
     def fn():
         saved = {k: os.environ.get(k) for k in env}

@@ -80,6 +80,7 @@ def test_energy_probe_reads_workload_specs(spec, want):
     "mok:qwen3-30b",              # unknown config
     "mok:qwen3-30b-a3b@S1",       # only @S0 and @balanced
     "mok:qwen3-30b-a3b@bal",      # a misspelt routing is not dropped silently
+    "dense:mid-64e@balanced",     # nor a routing the dense floor would ignore
     "mok:qwen3-30b-a3b+NOEQUALS",  # a setting without '='
 ])
 def test_energy_probe_refuses_bad_specs_naming_them(spec):
@@ -101,12 +102,13 @@ def test_dense_floor_runs_the_steps_flops_as_six_products_per_expert(c):
 
     products = dense_products(c, "cpu")
     assert len(products) == 6 * (2 if c["S"] else 1)
-    flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for _, a, b in products)
+    assert len({name for name, *_ in products}) == len(products), "each product named once"
+    flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for _, _, a, b in products)
     assert flops == 3 * 6 * c["H"] * (c["T"] * c["K"] * c["I"] + c["T"] * c["S"])  # energy_probe's count
-    for out, _, _ in products:
+    for _, out, _, _ in products:
         out.fill_(float("nan"))
     dense_step(products)()
-    for out, a, b in products:
+    for _, out, a, b in products:
         assert torch.equal(out, torch.mm(a, b))
 
 
