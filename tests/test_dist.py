@@ -108,6 +108,25 @@ def test_bad_arguments_start_nothing(W, device, threads, parts):
 # ---------------------------------------------------------------- processes in /proc
 
 
+
+def test_ctrl_c_while_the_launcher_makes_its_directory_leaves_none(tmp_path, monkeypatch):
+    """A SIGINT that lands inside tempfile.mkdtemp (after the directory exists, before the launcher holds its name)
+    still ends in KeyboardInterrupt with the directory removed (it once leaked: CI, run 17)."""
+    import tempfile
+
+    from mok.harness import dist as mok_dist
+    made, real_mkdtemp = [], tempfile.mkdtemp
+
+    def mkdtemp_then_ctrl_c(*args, **kwargs):
+        made.append(real_mkdtemp(dir=tmp_path))
+        os.kill(os.getpid(), signal.SIGINT)
+        return made[-1]
+
+    monkeypatch.setattr(mok_dist.tempfile, "mkdtemp", mkdtemp_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        launch(_gather_ranks, ("x",), world_size=1)
+    assert len(made) == 1 and not os.path.exists(made[0]), made
+
 def _stat(pid: int):
     """(ppid, state, start time) of a live process, or None."""
     try:

@@ -276,7 +276,8 @@ def launch(fn, args: tuple = (), world_size: int = 1, *, device: str = "cpu", th
     tmp = None
     with sigterm_exits():
         try:
-            tmp = tempfile.mkdtemp(prefix="mok-dist-")
+            with _signals_deferred():  # a Ctrl-C inside mkdtemp would leave the directory made but unnamed here
+                tmp = tempfile.mkdtemp(prefix="mok-dist-")
             for rank in range(world_size):
                 p = ctx.Process(target=_worker, args=(rank, world_size, tmp, fn, tuple(args), device, threads,
                                                       timeout_s, dict(os.environ)), daemon=False)
