@@ -100,7 +100,7 @@ def forward_main(a) -> None:
             kinds = sorted(_lib.GEMM_KINDS.values())
             os.environ[_tiles.ENV] = ",".join(str(a.fused_variant if k == _lib.GEMM_TN_SWIGLU_FWD else
                                                   _tiles.variant(k, c["H"], c["I"])) for k in kinds)
-        os.environ[_tiles.FUSE_FWD_ENV] = "1"  # wherever a tile splits I and S, large experts too
+        os.environ[_tiles.FUSE_FWD_ENV] = "1"  # wherever 8 splits I and S, large experts too
         v = _tiles.fused_gate_up_variant(c["H"], c["I"], c["S"])
         if v is None:
             print(f"| {name} | none (runs apart) | | | | | |", flush=True)

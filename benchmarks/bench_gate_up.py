@@ -1,7 +1,7 @@
 """The forward's gate/up step alone: the gate/up grouped GEMM with fp32 `[g | u]` out (GEMM_TN_F32, what the
 backward reads) and the swiglu_fwd kernel, apart and as the pair `_forward.gate_up` + `_forward.swiglu` run them,
-against the fused launch (GEMM_TN_SWIGLU_FWD, `_forward.gate_up_swiglu`) in each tile variant asked for whose
-halves split I and S; and, as the floor without the fp32 output, the same GEMM writing bf16 (GEMM_TN_BF16, what
+against the fused launch (GEMM_TN_SWIGLU_FWD, `_forward.gate_up_swiglu`) in each tile variant asked for (where 8
+splits I and S); and, as the floor without the fp32 output, the same GEMM writing bf16 (GEMM_TN_BF16, what
 no layer runs). Shapes of configs.json and suite.json, gate and up as the halves of one tensor; rows from the
 layer's own schedule. Checks the fused `[g | u]` and `a` bits against the pair's (--no-check skips it), then prints
 ms: the median over rounds of the mean of back-to-back launches. CUDA only.
@@ -33,7 +33,7 @@ def main() -> None:
     a, configs, variants = step_args(__doc__, "0,3")
     os.environ.pop(_tiles.ENV, None)
     print(f"device {torch.cuda.get_device_name()}; ms, median of {a.rounds} rounds of {a.reps} launches queued; "
-          "'-': the variant's halves do not split I and S")
+          "'-': 8 does not split I and S")
     print("| config | GEMM fp32 out (rule) | GEMM bf16 out | swiglu_fwd | pair | "
           + " | ".join(f"fused v{v}" for v in variants) + " |")
     print("|---" * (len(variants) + 5) + "|")
@@ -64,8 +64,7 @@ def measure(name: str, c: dict, variants: list[int], a) -> list[float | None]:
     placed = int(sched.offsets[d.E])
     fused_ms: list[float | None] = []
     for v in variants:
-        half = _tiles.HALF_TILE_N[v]
-        if d.I % half or d.S % half:
+        if not _tiles.fused_gate_up_fits(d.I, d.S):
             fused_ms.append(None)
             continue
         if not a.no_check:

@@ -96,24 +96,23 @@ def test_bad_fuse_switch_raises_naming_the_variable(monkeypatch, text):
         _tiles.fuse_swiglu_bwd(2048, 0)
 
 
-@pytest.mark.parametrize("H, I, S, want, want_switch_on", [
-    (2048, 768, 0, _tiles.PINGPONG, _tiles.PINGPONG),          # Qwen3-30B-A3B: 768 = 8 x 96
-    (4096, 1536, 1536, _tiles.PINGPONG, _tiles.PINGPONG),      # mid-64e with a shared expert: 1536 = 16 x 96
-    (2048, 1024, 0, _tiles.COOPERATIVE, _tiles.COOPERATIVE),   # OLMoE: 96 does not split 1024, 128 does (small I)
-    (7168, 2048, 2048, _tiles.COOPERATIVE, _tiles.COOPERATIVE),  # DeepSeek-V3 slice: only 128 splits 2048
-    (4096, 14336, 0, _tiles.COOPERATIVE, _tiles.COOPERATIVE),    # Mixtral-8x7B: the same (14336 = 112 x 128)
-    (512, 136, 72, None, None),                                # no tile splits I = 136 into whole halves
-    (2048, 768, 64, None, None),                               # the shared expert's S = 64 fits no half tile
+@pytest.mark.parametrize("H, I, S, want", [
+    (2048, 768, 0, _tiles.PINGPONG),        # Qwen3-30B-A3B: 768 = 8 x 96
+    (4096, 1536, 1536, _tiles.PINGPONG),    # mid-64e with a shared expert: 1536 = 16 x 96
+    (2048, 1024, 0, _tiles.PINGPONG),       # OLMoE: 96 does not split 1024 (the last tile 64 of 96 columns)
+    (7168, 2048, 2048, _tiles.PINGPONG),    # DeepSeek-V3 slice: nor 2048 (32 of 96)
+    (4096, 14336, 0, _tiles.PINGPONG),      # Mixtral-8x7B: nor 14336 (32 of 96)
+    (512, 136, 72, _tiles.PINGPONG),        # I and S multiples of 8 are enough
+    (512, 132, 0, None),                    # 8 does not split I: whole 8-column blocks only
+    (2048, 768, 4, None),                   # nor the shared expert's S
 ])
-def test_fused_gate_up_variant_splits_i_and_s_into_whole_halves(monkeypatch, H, I, S, want, want_switch_on):
+def test_fused_gate_up_variant_needs_8_to_split_i_and_s(monkeypatch, H, I, S, want):
     monkeypatch.delenv(_tiles.ENV, raising=False)
     monkeypatch.delenv(_tiles.FUSE_FWD_ENV, raising=False)
     assert _tiles.fused_gate_up_variant(H, I, S) == want
-    monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "1")  # wherever a tile splits I and S
-    assert _tiles.fused_gate_up_variant(H, I, S) == want_switch_on
-    for v in (want, want_switch_on):
-        if v is not None:
-            assert I % _tiles.HALF_TILE_N[v] == 0 and S % _tiles.HALF_TILE_N[v] == 0
+    assert _tiles.fused_gate_up_fits(I, S) == (want is not None)
+    monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "1")  # the same with the switch on
+    assert _tiles.fused_gate_up_variant(H, I, S) == want
 
 
 def test_the_fused_swiglu_backward_runs_the_staged_ping_pong_tile(monkeypatch):
@@ -130,10 +129,9 @@ def test_fused_gate_up_switch_and_forced_variant(monkeypatch):
     assert _tiles.fused_gate_up_variant(2048, 768, 0) is None
     monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "1")
     assert _tiles.fused_gate_up_variant(2048, 768, 0) == _tiles.PINGPONG
-    monkeypatch.setenv(_tiles.ENV, "0")  # a forced variant is taken when it splits I (768 = 6 x 128) ...
-    assert _tiles.fused_gate_up_variant(2048, 768, 0) == _tiles.COOPERATIVE
-    monkeypatch.setenv(_tiles.ENV, "3")  # ... and never swapped for another: ping-pong's 96 does not split 1024
-    assert _tiles.fused_gate_up_variant(2048, 1024, 0) is None
+    monkeypatch.setenv(_tiles.ENV, "0")  # a forced variant is taken ...
+    assert _tiles.fused_gate_up_variant(2048, 1024, 0) == _tiles.COOPERATIVE
+    assert _tiles.fused_gate_up_variant(2048, 1020, 0) is None  # ... where the kind fits
     monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "yes")
     with pytest.raises(ValueError, match=_tiles.FUSE_FWD_ENV):
         _tiles.fused_gate_up_variant(2048, 768, 0)

@@ -25,13 +25,17 @@ and OLMoE-1B-7B (I <= 1024), which keep the pair. It also saves that transient R
 
 The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
 up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
-gate and up weights are the halves of one tensor and a tile splits I and S into whole halves: the ping-pong tile
-when 96 splits them, else the cooperative one when 128 does (that kind runs without clusters). Measured end to end
-(`python benchmarks/bench_fused.py --forward`): fwd+bwd 1.023x faster on Qwen3-30B-A3B (ping-pong), 1.010x on
-mid-64e (ping-pong; forward alone 1.07x), 1.044x on OLMoE-1B-7B (cooperative, as 96 does not split I = 1024)
-(benchmarks/RESULTS.md run 9). The cooperative tile was kept for small experts only until run 15 (0.988x-1.004x
-on the large-expert shapes); since the SiLU has no division call (csrc/swiglu_math.cuh) it is 1.021x on the
-DeepSeek-V3 slice and 1.004x on Mixtral-8x7B (run 15), so it fuses wherever 128 splits I and S.
+gate and up weights are the halves of one tensor and 8 splits I and S, always in the ping-pong 128x192 tile (that
+kind runs without clusters). The tile's halves (96 columns) need not split I: in the last tile they run past it and
+the epilogue stores nothing there. Until run 18 the halves had to split I and S, so the DeepSeek-V3 slice (I = 2048),
+Mixtral-8x7B (14336) and OLMoE-1B-7B (1024) ran the cooperative 128x256 tile, whose epilogue (fp32 [g | u] and bf16
+a stored from registers) does not overlap the tensor cores. Run 18, the fused launch alone, cooperative -> ping-pong
+(`python benchmarks/bench_gate_up.py`): Mixtral-8x7B 6.35 -> 5.92 ms, OLMoE 1.82 -> 1.70, DeepSeek-V3 slice 6.87 ->
+6.81 (its last tile a third full); whole steps (`python benchmarks/energy_probe.py`, two calls) 1.7-1.9% less time
+steady on Mixtral-8x7B, 2.5-3.0% on OLMoE, 0.3-0.6% on the DeepSeek-V3 slice (benchmarks/RESULTS.md run 18).
+Earlier: fusing at all was 1.023x fwd+bwd on Qwen3-30B-A3B, 1.010x on mid-64e, 1.044x on OLMoE (run 9) and, once the
+SiLU had no division call (csrc/swiglu_math.cuh), 1.021x on the DeepSeek-V3 slice and 1.004x on Mixtral-8x7B in the
+cooperative tile (run 15).
 `MOK_FAST_FUSE_SWIGLU_FWD=0` runs the gate/up GEMM and the swiglu_fwd kernel apart everywhere (the same bits).
 
 `MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
@@ -94,22 +98,23 @@ def _switch(name: str, default: bool | None) -> bool | None:
     return default if text == "" else text == "1"
 
 
+def fused_gate_up_fits(I: int, S: int) -> bool:
+    """Whether the fused gate/up + SwiGLU kind can run a layer of routed and shared intermediate sizes I and S (0:
+    none): 8 splits both (its tiles store whole 8-column blocks; a tile's halves need not split I: the last tile's
+    columns past I are not stored)."""
+    return I > 0 and I % 8 == 0 and S % 8 == 0
+
+
 def fused_gate_up_variant(H: int, I: int, S: int) -> int | None:
     """The tile variant of the fused gate/up + SwiGLU GEMM (GEMM_TN_SWIGLU_FWD) of a layer with hidden size H,
     routed intermediate size I and shared intermediate size S (0: none), or None when the layer runs the gate/up
-    GEMM and the swiglu_fwd kernel apart. The ping-pong tile when its halves (96) split I and S; else the
-    cooperative tile (halves of 128) when they split them; else None, and always None when
-    MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces the kind's variant, is the only
-    candidate. ValueError naming the variable for a switch value other than 0 or 1."""
-    if _switch(FUSE_FWD_ENV, True) is False:
+    GEMM and the swiglu_fwd kernel apart: the ping-pong tile wherever the kind fits (`fused_gate_up_fits`), None
+    elsewhere and always when MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces the kind's
+    variant, is taken instead. ValueError naming the variable for a switch value other than 0 or 1."""
+    if _switch(FUSE_FWD_ENV, True) is False or not fused_gate_up_fits(I, S):
         return None
     forced = _override(_lib.GEMM_TN_SWIGLU_FWD)
-    # ping-pong first (its epilogue overlaps the other warpgroup's mainloop)
-    candidates = (forced,) if forced is not None else (PINGPONG, COOPERATIVE)
-    for v in candidates:
-        if I % HALF_TILE_N[v] == 0 and S % HALF_TILE_N[v] == 0:
-            return v
-    return None
+    return PINGPONG if forced is None else forced
 
 
 def variant(kind: int, H: int, I: int) -> int:

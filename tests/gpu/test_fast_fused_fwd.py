@@ -1,10 +1,11 @@
 """The gate/up GEMM with the SwiGLU in its epilogue (GEMM_TN_SWIGLU_FWD: csrc/mainloop_gate_up.cuh loads each
 tile's B rows as a gate half and an up half, csrc/epilogue_swiglu_fwd.cuh writes [g | u] and a) gives the bits of
 the unfused pair: the GEMM_TN_F32 gate/up GEMM followed by the swiglu_fwd kernel, for the routed rows and the
-shared expert, under every tile variant whose half tile splits I and S, on shapes with uneven and empty experts
-and token counts that are not multiples of 128, with pre-activations that saturate the sigmoid and overflow to
-infinity; the whole layer gives the same nine outputs with the fusion on as off; the C side refuses what the
-kernel cannot do."""
+shared expert, under every tile variant, on shapes with uneven and empty experts, token counts that are not
+multiples of 128 and intermediate sizes that a tile's halves do not split (the last tile partly past I), with
+pre-activations that saturate the sigmoid and overflow to infinity; a last tile partly past I stores nothing past
+column I; the whole layer gives the same nine outputs with the fusion on as off; the C side refuses what the kernel
+cannot do."""
 import pytest
 import torch
 
@@ -21,8 +22,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 SHAPES = [
     MoEConfig(T=1000, H=1024, I=384, E=16, K=4, S=384),  # shared expert, T % 128 != 0; 384 = 4 x 96 = 3 x 128
     MoEConfig(T=777, H=2048, I=768, E=4, K=2, S=0),      # few large experts (Mixtral-like), no shared expert
-    MoEConfig(T=300, H=512, I=192, E=64, K=8, S=96),     # many small experts, some empty; only the 96 half fits
+    MoEConfig(T=300, H=512, I=192, E=64, K=8, S=96),     # many small experts, some empty; only the 96 half splits
+    MoEConfig(T=515, H=1024, I=1000, E=4, K=2, S=0),     # neither half splits I: last tiles 40 of 96, 104 of 128
+    MoEConfig(T=200, H=256, I=136, E=16, K=4, S=72),     # neither splits I nor S (136 = 17 x 8, 72 < 96)
 ]
+IDS = ["mid_shared", "few_large", "many_small", "few_large_partial", "partial_shared"]
 
 
 def _dims(cfg):
@@ -42,7 +46,7 @@ def _prepared(cfg, seed, wide):
     return inputs, d, sched, x_RH
 
 
-@pytest.mark.parametrize("cfg", SHAPES, ids=["mid_shared", "few_large", "many_small"])
+@pytest.mark.parametrize("cfg", SHAPES, ids=IDS)
 @pytest.mark.parametrize("wide", [False, True], ids=["layer_values", "wide_preacts"])
 def test_fused_gate_up_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg, wide):
     inputs, d, sched, x_RH = _prepared(cfg, 3, wide)
@@ -53,12 +57,8 @@ def test_fused_gate_up_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg,
     placed = int(sched.offsets[cfg.E])  # rows past the placed ones are never written by either
     assert placed > 0
     w_gu, w_gu_s = _forward.stacked_gate_up(w[0], w[1]), _forward.stacked_gate_up(w[2], w[3])
-    ran = []
+    assert _tiles.fused_gate_up_fits(cfg.I, cfg.S)
     for v in range(_lib.NUM_GEMM_VARIANTS):
-        half = _tiles.HALF_TILE_N[v]
-        if cfg.I % half or cfg.S % half:
-            continue
-        ran.append(v)
         got = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, w_gu, w_gu_s, v)
         assert_bitwise_equal(got[0][:placed], gu[:placed], f"variant {v}: [g | u]")
         assert_bitwise_equal(got[2][:placed], a[:placed], f"variant {v}: a")
@@ -67,12 +67,11 @@ def test_fused_gate_up_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg,
             assert_bitwise_equal(got[3], a_s, f"variant {v}: shared a")
         else:
             assert got[1] is None and got[3] is None
-    assert ran, "no variant splits this shape: the test checked nothing"
     if wide:
         assert torch.isinf(gu[:placed]).any() and (a[:placed].float().abs() > 1e3).any()
 
 
-@pytest.mark.parametrize("cfg", SHAPES[::2], ids=["mid_shared", "many_small"])
+@pytest.mark.parametrize("cfg", [SHAPES[0], SHAPES[2], SHAPES[4]], ids=["mid_shared", "many_small", "partial_shared"])
 def test_the_switch_keeps_every_output_of_the_layer(monkeypatch, cfg):
     inputs = with_stacked_gate_up(make_inputs(cfg, 5, device="cuda"))
     monkeypatch.delenv(_tiles.ENV, raising=False)
@@ -94,7 +93,7 @@ def _launch(kind, seg, variant=0):
 
 
 @pytest.mark.parametrize("n, aux, match", [
-    (2 * 96, True, "multiple of 256"),  # the cooperative tile's halves are 128 columns: 192 cannot be split
+    (2 * 132, True, "multiple of 16"),  # I = 132: the tiles store whole 8-column blocks of gate and of up
     (2 * 128, False, "operand aux"),    # the a output is missing
 ])
 def test_the_library_refuses_what_the_fused_kernel_cannot_do(n, aux, match):
@@ -106,3 +105,27 @@ def test_the_library_refuses_what_the_fused_kernel_cannot_do(n, aux, match):
                            aux=Operand(a, 0, 0, n // 2) if aux else None)
     with pytest.raises(RuntimeError, match=match):
         _launch(_lib.GEMM_TN_SWIGLU_FWD, seg, variant=0)
+
+
+@pytest.mark.parametrize("variant", range(_lib.NUM_GEMM_VARIANTS))
+def test_a_last_tile_past_i_stores_nothing_past_it(variant):
+    """I = 136: the last tile's halves (96 or 128 columns) run past I, its gate half into up's rows of B and its up
+    half past B's last row. Nothing may land in the padding columns of [g | u] or of a (NaN before, NaN after), and
+    the stored columns are the float64 product's within rounding."""
+    M, K, I, pad = 100, 64, 136, 8
+    assert I % _tiles.HALF_TILE_N[variant], "the last tile must run past I"
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    w = torch.randn(2 * I, K, generator=gen, device="cuda").to(torch.bfloat16)
+    gu = torch.full((M, 2 * I + pad), float("nan"), device="cuda")
+    a = torch.full((M, I + pad), float("nan"), device="cuda").to(torch.bfloat16)
+    seg = Segment.all_rows(M, 2 * I, K, Operand(x, 0, 0, K), Operand(w, 0, 0, K), Operand(gu, 0, 0, 2 * I + pad),
+                           aux=Operand(a, 0, 0, I + pad))
+    _launch(_lib.GEMM_TN_SWIGLU_FWD, seg, variant)
+    torch.cuda.synchronize()
+    assert gu[:, 2 * I:].isnan().all(), "a store landed past column 2I of [g | u]"
+    assert a[:, I:].isnan().all(), "a store landed past column I of a"
+    want = x.double() @ w.double().T
+    torch.testing.assert_close(gu[:, :2 * I].double(), want, rtol=1e-5, atol=1e-4)
+    g, u = want[:, :I], want[:, I:]
+    torch.testing.assert_close(a[:, :I].double(), g * torch.sigmoid(g) * u, rtol=1e-2, atol=1e-2)

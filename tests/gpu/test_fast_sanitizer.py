@@ -20,8 +20,10 @@ for variant in ("0", "1", "2", "3", ""):  # every GEMM tile variant forced, then
     for cfg, routing in [(MoEConfig(T=37, H=64, I=32, E=4, K=2, S=16), "random"),
                          (MoEConfig(T=20, H=64, I=32, E=6, K=2, S=0), "empty_expert")]:
         out = run_layer(make_inputs(cfg, seed=1, routing=routing, device="cuda"), impl=mok.fast)
-    # gate/up halves of one tensor: the fused gate/up + SwiGLU launch (ping-pong halves of 96, cooperative of 128)
-    for cfg in (MoEConfig(T=37, H=64, I=96, E=4, K=2, S=96), MoEConfig(T=29, H=64, I=128, E=6, K=2, S=0)):
+    # gate/up halves of one tensor: the fused gate/up + SwiGLU launch (ping-pong halves of 96, cooperative of 128;
+    # I = 40, S = 24: one tile, its halves past I and S)
+    for cfg in (MoEConfig(T=37, H=64, I=96, E=4, K=2, S=96), MoEConfig(T=29, H=64, I=128, E=6, K=2, S=0),
+                MoEConfig(T=29, H=64, I=40, E=6, K=2, S=24)):
         out = run_layer(with_stacked_gate_up(make_inputs(cfg, seed=1, routing="empty_expert", device="cuda")),
                         impl=mok.fast)
 bad = make_inputs(MoEConfig(T=16, H=64, I=32, E=4, K=2, S=16), seed=2, device="cuda")

@@ -1,7 +1,8 @@
 // Epilogue of the fused gate/up + SwiGLU GEMM (GEMM kind MOK_GEMM_TN_SWIGLU_FWD), after the mainloop of
 // mainloop_gate_up.cuh: in output tile n (BLK_N columns, h = BLK_N / 2) column c < h holds the gate pre-activation
 // g and column h + c the up pre-activation u of intermediate column j = n * h + c. For group l with problem
-// (M, N = 2I), each consumer thread stores from registers
+// (M, N = 2I), each consumer thread stores from registers, for rows r < M and columns j < I (h need not split I: in
+// the last tile the columns past I are no intermediate column and are not stored)
 //   D_l[r, j] = g, D_l[r, I + j] = u          (fp32 [g | u], row stride ldd: what the backward reads)
 //   C_l[r, j] = bf16(silu(g) * u)             (bf16 a, row stride ldc; the bits of the swiglu_fwd kernel)
 // An operator-style CUTLASS epilogue (the interface of CUTLASS's DefaultEpilogueArray, run by the sm90 ptr-array
@@ -59,9 +60,8 @@ class SwigluFwdEpilogueArray : public EpilogueArrayBase<StrideCD_, cutlass::bflo
           auto ig1 = make_coord(make_coord(1, half, b), m, 0);
           auto iu = make_coord(make_coord(0, half, b + kPairs), m, 0);
           auto iu1 = make_coord(make_coord(1, half, b + kPairs), m, 0);
-          const int r = get<0>(tCcD(ig));
-          if (r < M) {
-            const int j = get<1>(tCcD(ig)) - shift;
+          const int r = get<0>(tCcD(ig)), j = get<1>(tCcD(ig)) - shift;
+          if (r < M && j < I) {  // j even, I a multiple of 8 (the caller checks): j + 1 < I too
             const float g0 = accumulators(ig), g1 = accumulators(ig1), u0 = accumulators(iu), u1 = accumulators(iu1);
             float* row = gu + r * ldd + j;
             *reinterpret_cast<float2*>(row) = make_float2(g0, g1);

@@ -266,9 +266,9 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
                           reinterpret_cast<uintptr_t>(segs[j].aux.base) % 16 != 0))
       return set_error("segment %d: the SwiGLU backward needs n = %d a multiple of 8 and [g | u] rows 16-byte "
                        "aligned (base, offset, strides and ld in whole 4-float chunks)", j, segs[j].n);
-    if (G::kSwigluFwd && (segs[j].rows_dim != 0 || segs[j].n % G::kTileN != 0))
-      return set_error("segment %d: n = %d must be a multiple of %d (gate and up halves of whole tiles) with rows "
-                       "as M", j, segs[j].n, G::kTileN);
+    if (G::kSwigluFwd && (segs[j].rows_dim != 0 || segs[j].n % 16 != 0))
+      return set_error("segment %d: n = %d must be a multiple of 16 (gate and up halves of whole 8-column blocks) "
+                       "with rows as M", j, segs[j].n);
   }
   size_t need = G::workspace_bytes(groups, device);
   if (ws_bytes < need) return set_error("workspace %zu bytes < %zu needed", ws_bytes, need);

@@ -5,7 +5,9 @@
 // pre-activations and columns [h, 2h) the up pre-activations of the same h intermediate columns, so the epilogue
 // (epilogue_swiglu_fwd.cuh) finds g and u of an element in one thread's registers. Only which B rows land in which
 // shared-memory rows changes: each accumulator is still one CTA walking K in order (the same bits as the plain
-// GEMM of the same B rows). Needs N / 2 to be a multiple of h (the caller checks), K-major B, no cluster.
+// GEMM of the same B rows). N / 2 need not be a multiple of h: the last tile's gate half then runs on into the first up
+// rows and its up half past row N (TMA fills those with zeros); the epilogue stores none of those columns. K-major B,
+// no cluster.
 #pragma once
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -52,8 +54,8 @@ struct GateUpPairMainloop : Base {
     TMA_BH tma_load_bh;
   };
 
-  // Half tiles between a gate half and its up half in the current group (N / 2 / h); set with the group's tensormap.
-  int up_tiles_ = 0;
+  // B rows between a gate half and its up half in the current group (N / 2); set with the group's tensormap.
+  int up_rows_ = 0;
 
   template <class ProblemShape>
   static constexpr Params to_underlying_arguments(ProblemShape problem_shapes, Arguments const& args,
@@ -99,7 +101,7 @@ struct GateUpPairMainloop : Base {
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
     Tensor gA = get<0>(load_inputs)(_, _, m_coord, _, l_coord);                   // (BLK_M, BLK_K, k)
     Tensor gBg = get<1>(load_inputs)(_, _, n_coord, _, l_coord);                  // (h, BLK_K, k): gate rows
-    Tensor gBu = get<1>(load_inputs)(_, _, n_coord + up_tiles_, _, l_coord);      // (h, BLK_K, k): up rows
+    Tensor gBu = domain_offset(make_coord(up_rows_, 0, 0), gBg);                  // (h, BLK_K, k): up rows
     auto tma_a = p.tma_load_a.get_slice(0);
     auto tma_b = p.tma_load_bh.get_slice(0);
     Tensor tAgA = tma_a.partition_S(gA);
@@ -154,7 +156,7 @@ struct GateUpPairMainloop : Base {
                                                 cute::tuple<TensorMapA, TensorMapB> const&,
                                                 ProblemShape_MNKL problem_shape_mnkl, int32_t next_batch) {
     using namespace cute;
-    up_tiles_ = static_cast<int>(get<1>(problem_shape_mnkl)) / 2 / kHalf;
+    up_rows_ = static_cast<int>(get<1>(problem_shape_mnkl)) / 2;
     if (cute::elect_one_sync()) {
       Base::tensormaps_replace_global_address(shared_tensormaps, p, next_batch);
       const uint32_t M = get<0>(problem_shape_mnkl), N = get<1>(problem_shape_mnkl), K = get<2>(problem_shape_mnkl);
