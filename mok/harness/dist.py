@@ -228,16 +228,27 @@ def sigterm_exits():
 
 @contextmanager
 def _signals_deferred():
-    """Hold SIGINT/SIGTERM while cleaning up, so a second Ctrl-C cannot cut the cleanup short."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    """Hold SIGINT/SIGTERM for the block: one that arrives meanwhile is raised again when the block ends, so a Ctrl-C
+    cannot cut the cleanup short, nor land between mkdtemp making the directory and the launcher holding its name.
+    The Python handlers are swapped for one that notes the signal: masking the signal in the main thread is not
+    enough, since the kernel hands a process-directed signal to any thread that does not block it and Python then
+    runs the handler in the main thread anyway. Main thread only (signal.signal's rule); a handler installed outside
+    Python (getsignal gives None) is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    arrived: list[int] = []
+    swapped = {}
+    for s in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(s) is not None:
+            swapped[s] = signal.signal(s, lambda signum, frame: arrived.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in swapped.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(arrived):  # each signal once, in the order they came
+            signal.raise_signal(s)
 
 
 def check_world_size(world_size, device: str = "cpu") -> int:
