@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from mok.harness import dist as mok_dist
 from mok.harness.dist import WorkerError, launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +73,6 @@ def _fail_or_wait(rank, world_size, group, how):
 ])
 def test_a_failing_worker_stops_the_run_at_once(tmp_path, monkeypatch, how, timeout_s, blamed, message):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import tempfile
     monkeypatch.setattr(tempfile, "tempdir", None)
     t0 = time.monotonic()
     with pytest.raises(WorkerError) as info:
@@ -111,10 +113,6 @@ def test_ctrl_c_while_the_launcher_makes_its_directory_leaves_none(tmp_path, mon
     still ends in KeyboardInterrupt with the directory removed (it once leaked: CI, runs 17 and 18). With another
     thread running, the kernel hands a process-directed signal to whichever thread does not block it, and Python runs
     the handler in the main thread at once: blocking the signal in the main thread alone (run 17's fix) still leaked."""
-    import tempfile
-    import threading
-
-    from mok.harness import dist as mok_dist
     made, real_mkdtemp = [], tempfile.mkdtemp
 
     def mkdtemp_then_ctrl_c(*args, **kwargs):
@@ -124,9 +122,8 @@ def test_ctrl_c_while_the_launcher_makes_its_directory_leaves_none(tmp_path, mon
         return made[-1]
 
     stop = threading.Event()
-    helper = threading.Thread(target=stop.wait, daemon=True)
     if other_thread:
-        helper.start()
+        threading.Thread(target=stop.wait, daemon=True).start()
     monkeypatch.setattr(mok_dist.tempfile, "mkdtemp", mkdtemp_then_ctrl_c)
     try:
         with pytest.raises(KeyboardInterrupt):

@@ -107,7 +107,6 @@ struct GroupedGemm {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule_>::CollectiveOp;
   using CollectiveMainloop = cute::conditional_t<kSwigluFwd, GateUpPairMainloop<BuiltMainloop>, BuiltMainloop>;
-  static constexpr int kTileN = cute::size<1>(TileShape_{});
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
