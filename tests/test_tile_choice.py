@@ -21,7 +21,7 @@ def test_override_gives_each_kind_its_variant(monkeypatch, text, want):
 
 
 @pytest.mark.parametrize("text", [
-    "4",            # out of range
+    "5",            # out of range
     "-1",           # negative
     "1,2",          # neither one value nor one per kind
     "a",            # not an integer
@@ -42,7 +42,7 @@ def test_choice_takes_no_token_count_and_is_a_valid_variant(monkeypatch):
             assert 0 <= _tiles.variant(kind, H, I) < _lib.NUM_GEMM_VARIANTS
 
 
-@pytest.mark.parametrize("variant", [-1, 4, 1.0, None])  # out of range, or not an int
+@pytest.mark.parametrize("variant", [-1, 5, 1.0, None])  # out of range, or not an int
 def test_grouped_gemm_rejects_a_bad_variant_before_any_launch(variant):
     import torch
 
@@ -135,3 +135,21 @@ def test_fused_gate_up_switch_and_forced_variant(monkeypatch):
     monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "yes")
     with pytest.raises(ValueError, match=_tiles.FUSE_FWD_ENV):
         _tiles.fused_gate_up_variant(2048, 768, 0)
+
+
+@pytest.mark.parametrize("M, N, want", [
+    (768, 2048, _tiles.PINGPONG_TALL_1X2),   # Qwen3-30B-A3B gate/up [I, H]: 2048 is 10 2/3 x 192 but 8 x 256
+    (2048, 768, _tiles.PINGPONG_2X1),        # its down [H, I]: 2048 = 8 x 256 rows, 768 = 4 x 192 columns: no waste
+    (1536, 4096, _tiles.PINGPONG_TALL_1X2),  # mid-64e gate/up: 1536 = 8 x 192, 4096 = 16 x 256
+    (2048, 7168, _tiles.PINGPONG_2X1),       # DeepSeek-V3 slice gate/up: 2048 rows over 192 waste more than 7168 cols
+    (7168, 2048, _tiles.PINGPONG_TALL_1X2),  # its down: 2048 columns over 192 waste 1/33, 7168 rows over 192 1/56
+    (2048, 1024, _tiles.PINGPONG_TALL_1X2),  # OLMoE down: 1024 columns over 192 leave a tile a third full
+    (1024, 2048, _tiles.PINGPONG_2X1),       # its gate/up: 1024 rows over 192 would
+    (8, 8, _tiles.PINGPONG_2X1),             # one cluster either way
+])
+def test_weight_gradient_tile_covers_the_fewest_elements(monkeypatch, M, N, want):
+    monkeypatch.delenv(_tiles.ENV, raising=False)
+    for kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):
+        assert _tiles.wgrad_variant(kind, M, N) == want
+    monkeypatch.setenv(_tiles.ENV, "3")  # a forced variant is taken
+    assert _tiles.wgrad_variant(_lib.GEMM_TT_BF16, M, N) == _tiles.PINGPONG

@@ -7,7 +7,10 @@ output tile, so all give the same bits anyway (tests/gpu/test_fast_tiles.py chec
 
 The rule, from one profile of every GEMM under each variant (benchmarks/RESULTS.md, run 6; `python
 benchmarks/profile_fast.py` with MOK_FAST_GEMM_VARIANT set): the weight-gradient GEMMs run ping-pong
-128x192 in 2x1 clusters on every shape measured (6-22% faster); the forward and d_x GEMMs run
+128x192 in 2x1 clusters on every shape measured (6-22% faster), or since run 19 the same tile with its sides
+swapped, 192x128 in 1x2 clusters, where that covers fewer output elements (`wgrad_variant`: the gate/up gradients
+[I, H] of Qwen3-30B-A3B, mid-64e and Mixtral-8x7B, whose H = 2048 or 4096 is no multiple of 192; the down gradients
+[H, I] of the DeepSeek-V3 slice and OLMoE-1B-7B); the forward and d_x GEMMs run
 ping-pong 128x192 when the routed intermediate size is small (I <= 1024: 3-9% faster per GEMM on Qwen3-30B-A3B),
 else the cooperative 128x256 tile (as fast or faster for I = 1536 to 14336).
 
@@ -48,13 +51,16 @@ import os
 
 from . import _lib
 
-COOPERATIVE, COOPERATIVE_2X1, PINGPONG_2X1, PINGPONG = range(_lib.NUM_GEMM_VARIANTS)
+COOPERATIVE, COOPERATIVE_2X1, PINGPONG_2X1, PINGPONG, PINGPONG_TALL_1X2 = range(_lib.NUM_GEMM_VARIANTS)
 ENV = "MOK_FAST_GEMM_VARIANT"
 FUSE_ENV = "MOK_FAST_FUSE_SWIGLU_BWD"
 FUSE_FWD_ENV = "MOK_FAST_FUSE_SWIGLU_FWD"
 # Half the tile's N in each variant of GEMM_TN_SWIGLU_FWD: the columns of gate (and of up) one tile covers. That
-# kind runs without clusters: its variants 1 and 2 are variants 0 and 3.
-HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPONG: 96}
+# kind runs without clusters: its variants 1 and 2 are variants 0 and 3, and variant 4 (a weight-gradient tile) is 3.
+HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPONG: 96, PINGPONG_TALL_1X2: 96}
+# The rows and columns of output one cluster covers in the weight-gradient kinds' two candidate variants (CUTLASS's
+# group scheduler rounds each group's tiles up to whole clusters): 128x192 tiles in 2x1 clusters, 192x128 in 1x2.
+WGRAD_CLUSTER_MN = {PINGPONG_2X1: (256, 192), PINGPONG_TALL_1X2: (192, 256)}
 SMALL_I = 1024  # at or below: many small experts (Qwen3, OLMoE, DeepSeek-V2-Lite), ping-pong pays
 
 
@@ -123,13 +129,29 @@ def variant(kind: int, H: int, I: int) -> int:
     forced = _override(kind)
     if forced is not None:
         return forced
-    if kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):  # weight gradients: K = an expert's rows
-        return PINGPONG_2X1
+    if kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):  # weight gradients: K = an expert's rows (`wgrad_variant`
+        return PINGPONG_2X1                            # picks by the output's shape where the caller knows it)
     if kind == _lib.GEMM_TT_F32_SMALL:  # one tile whatever the variant
         return COOPERATIVE
     if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the staged epilogue overlaps the other warpgroup's mainloop
         return PINGPONG
     return PINGPONG if I <= SMALL_I else COOPERATIVE
+
+
+def wgrad_variant(kind: int, M: int, N: int) -> int:
+    """The tile variant of a weight-gradient GEMM (GEMM_TT_F32 / GEMM_TT_BF16) whose per-expert output is [M, N]
+    (model constants: [I, H] for gate or up, [H, I] for down): of the 128x192 tile in 2x1 clusters and the 192x128
+    tile in 1x2 clusters (the same loads, registers and bits), the one whose clusters cover fewer output elements
+    beyond M x N; the first on a tie. MOK_FAST_GEMM_VARIANT, when set, is taken instead."""
+    forced = _override(kind)
+    if forced is not None:
+        return forced
+
+    def covered(v: int) -> int:
+        cm, cn = WGRAD_CLUSTER_MN[v]
+        return -(-M // cm) * cm * (-(-N // cn) * cn)
+
+    return PINGPONG_TALL_1X2 if covered(PINGPONG_TALL_1X2) < covered(PINGPONG_2X1) else PINGPONG_2X1
 
 
 def grouped_gemm(kind: int, segments: list, device, H: int, I: int) -> None:

@@ -299,7 +299,11 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
 //   1: the same in 2x1 clusters (the two CTAs of a cluster share B tiles by TMA multicast);
 //   2: ping-pong 128x192x64 (each consumer warpgroup owns a tile, one's epilogue overlaps the other's
 //      mainloop) in 2x1 clusters;
-//   3: the same without clusters.
+//   3: the same without clusters;
+//   4: for the weight-gradient kinds (A M-major: K runs over an expert's rows, M and N are model constants),
+//      ping-pong 192x128x64 in 1x2 clusters (the two CTAs share A tiles): the same loads and registers a tile as
+//      variant 2 with the tile's sides swapped, so an output whose N is a multiple of 256 but not of 192 (2048,
+//      4096) and whose M is a multiple of 192 (768, 1536) has no part-empty tiles. Variant 3 for the other kinds.
 using KernelCoop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 using EpiCoop = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 using KernelPingpong = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
@@ -311,13 +315,17 @@ using EpiPingpong = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 template <class LA, class LB, class ED, int V, Epi kEpi = Epi::kLinear>
 struct VariantOf {
   static_assert(V >= 0 && V < MOK_GEMM_NUM_VARIANTS, "tile variant out of range");
+  static constexpr bool kWgrad = cute::is_same_v<LA, cutlass::layout::ColumnMajor>;  // A M-major: rows are K
+  static constexpr bool kSwapped = V == 4 && kWgrad;
   static constexpr bool kPingpong = V >= 2;
   static constexpr int kClusterM = (kEpi != Epi::kSwigluFwd && (V == 1 || V == 2)) ? 2 : 1;
-  using type = GroupedGemm<LA, LB, ED,
-                           cute::conditional_t<kPingpong, Shape<_128, _192, _64>, Shape<_128, _256, _64>>,
-                           Shape<Int<kClusterM>, _1, _1>, cute::conditional_t<kPingpong, KernelPingpong, KernelCoop>,
+  static constexpr int kClusterN = kSwapped ? 2 : 1;
+  using Tile = cute::conditional_t<kSwapped, Shape<_192, _128, _64>,
+                                   cute::conditional_t<kPingpong, Shape<_128, _192, _64>, Shape<_128, _256, _64>>>;
+  using type = GroupedGemm<LA, LB, ED, Tile, Shape<Int<kClusterM>, Int<kClusterN>, _1>,
+                           cute::conditional_t<kPingpong, KernelPingpong, KernelCoop>,
                            cute::conditional_t<kPingpong, EpiPingpong, EpiCoop>, kEpi>;
 };
-static_assert(MOK_GEMM_NUM_VARIANTS == 4, "gemm_kinds.h: MOK_DEFINE_KIND dispatches variants 0..3");
+static_assert(MOK_GEMM_NUM_VARIANTS == 5, "gemm_kinds.h: MOK_DEFINE_KIND dispatches variants 0..4");
 
 }  // namespace mok
