@@ -15,7 +15,7 @@ SCRIPT = """
 import os, torch, mok.fast
 from mok.harness.cases import MoEConfig, make_inputs, with_stacked_gate_up
 from mok.harness.runner import run_layer
-for variant in ("0", "1", "2", "3", ""):  # every GEMM tile variant forced, then the default choice
+for variant in [*map(str, range(mok.fast._lib.NUM_GEMM_VARIANTS)), ""]:  # every tile variant forced, then the rule
     os.environ["MOK_FAST_GEMM_VARIANT"] = variant
     for cfg, routing in [(MoEConfig(T=37, H=64, I=32, E=4, K=2, S=16), "random"),
                          (MoEConfig(T=20, H=64, I=32, E=6, K=2, S=0), "empty_expert")]:
