@@ -14,10 +14,13 @@ KINDS = sorted(_lib.GEMM_KINDS.values())
     ("2", [2] * len(KINDS)),                                  # one variant for every kind
     (",".join("3210"[k % 4] for k in KINDS), [3 - k % 4 for k in KINDS]),  # one per kind, MokGemmKind order
     (" 1 ", [1] * len(KINDS)),                                # surrounding blanks are fine
+    (",3" + "," * (len(KINDS) - 2), [3 if k == 1 else None for k in KINDS]),  # empty entries: the rule's choice
 ])
 def test_override_gives_each_kind_its_variant(monkeypatch, text, want):
+    monkeypatch.delenv(_tiles.ENV, raising=False)
+    rule = [_tiles.variant(k, 2048, 768) for k in KINDS]
     monkeypatch.setenv(_tiles.ENV, text)
-    assert [_tiles.variant(k, 2048, 768) for k in KINDS] == want
+    assert [_tiles.variant(k, 2048, 768) for k in KINDS] == [r if w is None else w for r, w in zip(rule, want)]
 
 
 @pytest.mark.parametrize("text", [
@@ -27,6 +30,8 @@ def test_override_gives_each_kind_its_variant(monkeypatch, text, want):
     "a",            # not an integer
     "1,2,3,0,1,2,0,1,x",  # one bad entry
     "1,2,3,0,1,2,0,1",  # one per kind of an older library (eight kinds)
+    ",",            # an empty entry is only for a per-kind list
+    "1,,3",         # ... and such a list has one entry per kind
 ])
 def test_bad_override_raises_naming_the_variable(monkeypatch, text):
     monkeypatch.setenv(_tiles.ENV, text)
@@ -153,3 +158,8 @@ def test_weight_gradient_tile_covers_the_fewest_elements(monkeypatch, M, N, want
         assert _tiles.wgrad_variant(kind, M, N) == want
     monkeypatch.setenv(_tiles.ENV, "3")  # a forced variant is taken
     assert _tiles.wgrad_variant(_lib.GEMM_TT_BF16, M, N) == _tiles.PINGPONG
+    per_kind = ["0"] * len(KINDS)
+    per_kind[_lib.GEMM_TT_F32] = ""  # an empty entry leaves this kind to the rule, the other forced
+    monkeypatch.setenv(_tiles.ENV, ",".join(per_kind))
+    assert _tiles.wgrad_variant(_lib.GEMM_TT_F32, M, N) == want
+    assert _tiles.wgrad_variant(_lib.GEMM_TT_BF16, M, N) == _tiles.COOPERATIVE

@@ -42,7 +42,9 @@ cooperative tile (run 15).
 `MOK_FAST_FUSE_SWIGLU_FWD=0` runs the gate/up GEMM and the swiglu_fwd kernel apart everywhere (the same bits).
 
 `MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
-kind in MokGemmKind order ("2,2,0,0,2,2,0,3,0").
+kind in MokGemmKind order ("2,2,0,0,2,2,0,3,0"), where an empty entry leaves that kind to the rule (",3,,,,,,,":
+GEMM_TN_BF16, the down GEMM, in variant 3; every other kind as the rule says, the weight gradients' per-launch
+choice of `wgrad_variant` included).
 """
 from __future__ import annotations
 
@@ -65,24 +67,27 @@ SMALL_I = 1024  # at or below: many small experts (Qwen3, OLMoE, DeepSeek-V2-Lit
 
 
 def _override(kind: int) -> int | None:
-    """The variant MOK_FAST_GEMM_VARIANT gives `kind`, or None when it is unset; ValueError naming the
-    variable for anything but one or NUM_KINDS integers in [0, NUM_GEMM_VARIANTS)."""
+    """The variant MOK_FAST_GEMM_VARIANT gives `kind`, or None when it is unset or leaves the kind's entry empty
+    (the rule then chooses); ValueError naming the variable for anything but one or NUM_KINDS entries, each an
+    integer in [0, NUM_GEMM_VARIANTS) or, in a per-kind list, empty."""
     forced = _parse(os.environ.get(ENV, "").strip())
     return None if forced is None else forced[0] if len(forced) == 1 else forced[kind]
 
 
 @functools.lru_cache(maxsize=8)
-def _parse(text: str) -> tuple[int, ...] | None:
+def _parse(text: str) -> tuple[int | None, ...] | None:
     if not text:
         return None
+    n_kinds = len(_lib.GEMM_KINDS)
+    fields = [v.strip() for v in text.split(",")]
     try:
-        vals = [int(v) for v in text.split(",")]
+        vals = [int(v) if v else None for v in fields]
     except ValueError:
         vals = []
-    n_kinds = len(_lib.GEMM_KINDS)
-    if len(vals) not in (1, n_kinds) or not all(0 <= v < _lib.NUM_GEMM_VARIANTS for v in vals):
-        raise ValueError(f"{ENV}: expected one or {n_kinds} comma-separated integers in "
-                         f"[0, {_lib.NUM_GEMM_VARIANTS}), got {text!r}")
+    if len(vals) not in (1, n_kinds) or vals == [None] or \
+            not all(v is None or 0 <= v < _lib.NUM_GEMM_VARIANTS for v in vals):
+        raise ValueError(f"{ENV}: expected one integer in [0, {_lib.NUM_GEMM_VARIANTS}) or {n_kinds} comma-separated "
+                         f"entries, each such an integer or empty (the rule's choice), got {text!r}")
     return tuple(vals)
 
 
@@ -142,7 +147,7 @@ def wgrad_variant(kind: int, M: int, N: int) -> int:
     """The tile variant of a weight-gradient GEMM (GEMM_TT_F32 / GEMM_TT_BF16) whose per-expert output is [M, N]
     (model constants: [I, H] for gate or up, [H, I] for down): of the 128x192 tile in 2x1 clusters and the 192x128
     tile in 1x2 clusters (the same loads, registers and bits), the one whose clusters cover fewer output elements
-    beyond M x N; the first on a tie. MOK_FAST_GEMM_VARIANT, when set, is taken instead."""
+    beyond M x N; the first on a tie. MOK_FAST_GEMM_VARIANT, when it forces the kind, is taken instead."""
     forced = _override(kind)
     if forced is not None:
         return forced
