@@ -131,3 +131,20 @@ def test_balanced_bench_routing_gives_every_expert_the_same_rows(T, E, K):
     assert torch.equal(torch.bincount(idx.flatten(), minlength=E), torch.full((E,), T * K // E))
     assert all(len(set(row.tolist())) == K for row in idx), "distinct experts within a token"
     assert torch.equal(w, random_w)
+
+
+def test_tile_waste_counts_tiles_and_short_last_tiles():
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    from tile_waste import waste
+
+    # 128: one whole tile; 129: a whole tile and a 1-row short one; 200: a whole tile and a 72-row last tile (not
+    # short); 64: one short tile; 0: nothing. Rows 521, tiles 1 + 2 + 2 + 1 = 6 (768 rows of work), 2 short.
+    w = waste([128, 129, 200, 64, 0], short_cost=0.5)
+    assert (w["tiles"], w["short"]) == (6, 2)
+    assert w["one"] == pytest.approx((768 - 521) / 521)
+    assert w["split"] == pytest.approx((5 * 128 - 521) / 521)  # the two short tiles at half a tile each
+    assert w["paired"] == pytest.approx((5 * 128 - 521) / 521)  # ... or both in one tile
+    assert waste([128, 129, 200, 64, 0], short_cost=0.6)["split"] == pytest.approx((5.2 * 128 - 521) / 521)
+    assert waste([], 0.6)["one"] == 0.0
