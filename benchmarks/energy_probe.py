@@ -13,7 +13,10 @@ products as dense cuBLAS matmuls of all its rows, `dense_floor.py`: a floor for 
 (`bench_moe.bench_routing`; not for `dense:`, which has no routing); `+VAR=VALUE` after it sets an environment
 variable for that workload's calls (e.g. `mok:qwen3-30b-a3b+MOK_FAST_GEMM_VARIANT=2`). CUDA only.
 
-Usage: python benchmarks/energy_probe.py [workload ...] [--seconds 4] [--cool 2]
+`--rounds N` runs the list N times, every second round in reverse order (so that a drift of the GPU's state
+over the call weighs on every workload alike), and ends with each workload's median and range over the rounds.
+
+Usage: python benchmarks/energy_probe.py [workload ...] [--seconds 4] [--cool 2] [--rounds 1]
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import argparse
 import ctypes
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -145,29 +149,60 @@ def measure(fn, nvml: Nvml, seconds: float, cool: float) -> dict:
             "w": (eb - ea) / 1e3 / (tb - ta), "mhz": sum(c[3] for c in settled) / len(settled)}
 
 
+def round_order(specs: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, spec) in the order they run: round r takes the list as given when r is even, reversed when odd."""
+    if rounds < 1:
+        raise ValueError(f"--rounds: expected an integer >= 1, got {rounds}")
+    return [(r, spec) for r in range(rounds) for spec in (specs if r % 2 == 0 else specs[::-1])]
+
+
+def summarize(results: list[tuple[str, dict]]) -> list[str]:
+    """Markdown rows, one per distinct spec in first-seen order: rounds, and the median (min-max) of burst and
+    steady ms over them."""
+    by_spec: dict[str, list[dict]] = {}
+    for spec, r in results:
+        by_spec.setdefault(spec, []).append(r)
+
+    def cell(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+    return [f"| {spec} | {len(rs)} | {cell([r['burst_ms'] for r in rs])} | {cell([r['steady_ms'] for r in rs])} |"
+            for spec, rs in by_spec.items()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workloads", nargs="*", default=DEFAULT)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--cool", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
     configs = {x["name"]: x for x in load_configs(CONFIGS) + load_configs(SUITE)}
     for spec in a.workloads:  # every spec checked before the first one runs
         parse_workload(spec, configs)
+    order = round_order(a.workloads, a.rounds)
     nvml = Nvml()
     print(f"{torch.cuda.get_device_name()}; steady = calls back to back after the first of {a.seconds} s; "
           f"burst = 3 warm-ups + median of 10 queued, after {a.cool} s idle")
     print("| workload | burst ms | steady ms | burst TFLOP/s | steady TFLOP/s | J per call | mean W | mean SM MHz "
           "| GFLOP per J |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for spec in a.workloads:
+    results = []
+    for r, spec in order:
         fn, flops = workload(spec, configs)
-        r = measure(fn, nvml, a.seconds, a.cool)
-        print(f"| {spec} | {r['burst_ms']:.2f} | {r['steady_ms']:.2f} | {flops / r['burst_ms'] / 1e9:.0f} | "
-              f"{flops / r['steady_ms'] / 1e9:.0f} | {r['j']:.3f} | {r['w']:.0f} | {r['mhz']:.0f} | "
-              f"{flops / r['j'] / 1e9:.0f} |", flush=True)
+        m = measure(fn, nvml, a.seconds, a.cool)
+        results.append((spec, m))
+        name = spec if a.rounds == 1 else f"{spec} (round {r + 1})"
+        print(f"| {name} | {m['burst_ms']:.2f} | {m['steady_ms']:.2f} | {flops / m['burst_ms'] / 1e9:.0f} | "
+              f"{flops / m['steady_ms'] / 1e9:.0f} | {m['j']:.3f} | {m['w']:.0f} | {m['mhz']:.0f} | "
+              f"{flops / m['j'] / 1e9:.0f} |", flush=True)
         del fn
         torch.cuda.empty_cache()
+    if a.rounds > 1:
+        print(f"\nover {a.rounds} rounds:")
+        print("| workload | rounds | burst ms, median (min-max) | steady ms, median (min-max) |")
+        print("|---|---|---|---|")
+        print("\n".join(summarize(results)))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,20 @@ def test_energy_probe_refuses_bad_specs_naming_them(spec):
         parse_workload(spec, configs)
 
 
+def test_energy_probe_rounds_alternate_the_order_and_summarize_per_workload():
+    import sys
+    sys.path.insert(0, str(BENCH))
+    from energy_probe import round_order, summarize
+
+    assert round_order(["a", "b", "c"], 3) == [(0, "a"), (0, "b"), (0, "c"), (1, "c"), (1, "b"), (1, "a"),
+                                               (2, "a"), (2, "b"), (2, "c")]
+    with pytest.raises(ValueError, match="--rounds"):
+        round_order(["a"], 0)
+    rows = summarize([("a", {"burst_ms": 3.0, "steady_ms": 4.0}), ("b", {"burst_ms": 1.0, "steady_ms": 2.0}),
+                      ("a", {"burst_ms": 1.0, "steady_ms": 6.0}), ("a", {"burst_ms": 2.0, "steady_ms": 5.0})])
+    assert rows == ["| a | 3 | 2.00 (1.00-3.00) | 5.00 (4.00-6.00) |", "| b | 1 | 1.00 (1.00-1.00) | 2.00 (2.00-2.00) |"]
+
+
 @pytest.mark.parametrize("c", [
     dict(T=3, H=16, I=8, K=2, S=0),    # routed experts only
     dict(T=5, H=8, I=16, K=3, S=24),   # with a shared expert
