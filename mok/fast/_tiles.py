@@ -84,8 +84,7 @@ def _parse(text: str) -> tuple[int | None, ...] | None:
         vals = [int(v) if v else None for v in fields]
     except ValueError:
         vals = []
-    if len(vals) not in (1, n_kinds) or vals == [None] or \
-            not all(v is None or 0 <= v < _lib.NUM_GEMM_VARIANTS for v in vals):
+    if len(vals) not in (1, n_kinds) or not all(v is None or 0 <= v < _lib.NUM_GEMM_VARIANTS for v in vals):
         raise ValueError(f"{ENV}: expected one integer in [0, {_lib.NUM_GEMM_VARIANTS}) or {n_kinds} comma-separated "
                          f"entries, each such an integer or empty (the rule's choice), got {text!r}")
     return tuple(vals)
