@@ -163,3 +163,33 @@ def test_weight_gradient_tile_covers_the_fewest_elements(monkeypatch, M, N, want
     monkeypatch.setenv(_tiles.ENV, ",".join(per_kind))
     assert _tiles.wgrad_variant(_lib.GEMM_TT_F32, M, N) == want
     assert _tiles.wgrad_variant(_lib.GEMM_TT_BF16, M, N) == _tiles.COOPERATIVE
+
+
+def test_weight_gradient_launch_chooses_over_all_its_outputs(monkeypatch):
+    """`_tiles.grouped_gemm` of a weight-gradient kind takes `wgrad_variant` over every segment's outputs (groups
+    weighted), so the layer's launches and the expert-parallel shared-expert launch (down and gate/up segments in one)
+    go through one rule."""
+    import torch
+
+    seen = []
+    monkeypatch.setattr(_lib, "grouped_gemm", lambda kind, segs, dev, v: seen.append(v))
+    monkeypatch.delenv(_tiles.ENV, raising=False)
+    op = _lib.Operand(torch.zeros(1), 0, 0, 1)
+    offsets = torch.zeros(129, dtype=torch.int32)
+
+    def wgrad(m, n, groups=1):
+        return _lib.Segment.expert_wgrad(offsets, groups, m, n, op, op, op)
+
+    for segs in ([wgrad(768, 2048, 128)] * 2,               # Qwen3-30B-A3B gate/up: the 192x128 tile
+                 [wgrad(2048, 768, 128)],                   # its down: 128x192
+                 [wgrad(2048, 768, 128), wgrad(8, 8)],      # a small extra output does not move the choice
+                 # mixed, one group each: 2048 x 1152 + 1536 x 2112 covered in 2x1 clusters of 128x192, fewer in 1x2
+                 # of 192x128 (2112 x 1024 + 1536 x 2048)
+                 [wgrad(2048, 1024), wgrad(1536, 2048)],
+                 [wgrad(2048, 1024), wgrad(1024, 2048)]):   # mixed, the same area either way: the first on a tie
+        _tiles.grouped_gemm(_lib.GEMM_TT_BF16, segs, None, 2048, 768)
+    assert seen == [_tiles.PINGPONG_TALL_1X2, _tiles.PINGPONG_2X1, _tiles.PINGPONG_2X1, _tiles.PINGPONG_TALL_1X2,
+                    _tiles.PINGPONG_2X1]
+    monkeypatch.setenv(_tiles.ENV, "0")  # forced: taken as it is
+    _tiles.grouped_gemm(_lib.GEMM_TT_F32, [wgrad(768, 2048, 128)], None, 2048, 768)
+    assert seen[-1] == _tiles.COOPERATIVE

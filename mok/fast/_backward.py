@@ -189,8 +189,7 @@ def gate_up_weight_grads(ctx: FastContext, dgu, dgu_s, dtype=torch.float32, sepa
     if S and dgu_s is not None:
         _, d_sg, d_su = _gate_up_pair(sg, su, dtype, separate, S, H)  # halves of [2S, H] are contiguous
         segs += shared_gate_up_segments(T, H, S, dgu_s, ctx.x_TH, d_sg, d_su)
-    kind = wgrad_kind(dtype)
-    _lib.grouped_gemm(kind, segs, dev, _tiles.wgrad_variant(kind, I, H))
+    _tiles.grouped_gemm(wgrad_kind(dtype), segs, dev, H, I)
     return d_rg, d_ru, d_sg, d_su
 
 
@@ -206,8 +205,7 @@ def down_weight_grads(ctx: FastContext, dy, go_RH, shared: bool, dtype=torch.flo
     if S and shared:
         d_sd = _empty(dev, dtype, H, S)
         segs.append(shared_down_segment(T, H, S, dy, ctx.a_s_TS, d_sd))
-    kind = wgrad_kind(dtype)
-    _lib.grouped_gemm(kind, segs, dev, _tiles.wgrad_variant(kind, H, I))
+    _tiles.grouped_gemm(wgrad_kind(dtype), segs, dev, H, I)
     return d_rd, d_sd
 
 

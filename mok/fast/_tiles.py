@@ -133,8 +133,8 @@ def variant(kind: int, H: int, I: int) -> int:
     forced = _override(kind)
     if forced is not None:
         return forced
-    if kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):  # weight gradients: K = an expert's rows (`wgrad_variant`
-        return PINGPONG_2X1                            # picks by the output's shape where the caller knows it)
+    if kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):  # weight gradients: K = an expert's rows (`grouped_gemm`
+        return PINGPONG_2X1                            # takes `wgrad_variant` over its outputs' shapes instead)
     if kind == _lib.GEMM_TT_F32_SMALL:  # one tile whatever the variant
         return COOPERATIVE
     if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the staged epilogue overlaps the other warpgroup's mainloop
@@ -142,22 +142,29 @@ def variant(kind: int, H: int, I: int) -> int:
     return PINGPONG if I <= SMALL_I else COOPERATIVE
 
 
-def wgrad_variant(kind: int, M: int, N: int) -> int:
-    """The tile variant of a weight-gradient GEMM (GEMM_TT_F32 / GEMM_TT_BF16) whose per-expert output is [M, N]
-    (model constants: [I, H] for gate or up, [H, I] for down): of the 128x192 tile in 2x1 clusters and the 192x128
-    tile in 1x2 clusters (the same loads, registers and bits), the one whose clusters cover fewer output elements
-    beyond M x N; the first on a tie. MOK_FAST_GEMM_VARIANT, when it forces the kind, is taken instead."""
+def wgrad_variant(kind: int, M: int, N: int, groups: int = 1, more: tuple = ()) -> int:
+    """The tile variant of a weight-gradient GEMM (GEMM_TT_F32 / GEMM_TT_BF16) of `groups` outputs [M, N] (model
+    constants: [I, H] for gate or up, [H, I] for down), and of the `more` outputs (M, N, groups) of the same launch:
+    of the 128x192 tile in 2x1 clusters and the 192x128 tile in 1x2 clusters (the same loads, registers and bits),
+    the one whose clusters cover fewer output elements beyond the outputs; the first on a tie. MOK_FAST_GEMM_VARIANT,
+    when it forces the kind, is taken instead."""
     forced = _override(kind)
     if forced is not None:
         return forced
 
     def covered(v: int) -> int:
         cm, cn = WGRAD_CLUSTER_MN[v]
-        return -(-M // cm) * cm * (-(-N // cn) * cn)
+        return sum(g * -(-m // cm) * cm * (-(-n // cn) * cn) for m, n, g in ((M, N, groups), *more))
 
     return PINGPONG_TALL_1X2 if covered(PINGPONG_TALL_1X2) < covered(PINGPONG_2X1) else PINGPONG_2X1
 
 
 def grouped_gemm(kind: int, segments: list, device, H: int, I: int) -> None:
-    """`_lib.grouped_gemm` of a layer with hidden size H and routed intermediate size I, in its variant."""
-    _lib.grouped_gemm(kind, segments, device, variant(kind, H, I))
+    """`_lib.grouped_gemm` of a layer with hidden size H and routed intermediate size I, in its variant: `variant`,
+    or for the weight-gradient kinds `wgrad_variant` over the segments' outputs."""
+    if kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):
+        first, *rest = segments
+        v = wgrad_variant(kind, first.m, first.n, first.num_groups, tuple((s.m, s.n, s.num_groups) for s in rest))
+    else:
+        v = variant(kind, H, I)
+    _lib.grouped_gemm(kind, segments, device, v)
