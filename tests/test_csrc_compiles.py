@@ -1,5 +1,6 @@
 """CPU check (no GPU needed): every csrc/ translation unit compiles with nvcc for sm_90a (-c only),
-with the same flags the fast path's build uses, so a build break cannot land unnoticed.
+with the same flags the fast path's build uses, so a build break cannot land unnoticed, and ptxas serialises no
+kernel's wgmma instructions (a silent loss of most of a GEMM's speed, which the library's build does not fail on).
 Skipped, with the reason, when nvcc or the CUTLASS headers (pip install nvidia-cutlass) are absent."""
 import os
 import subprocess
@@ -21,7 +22,7 @@ def _toolchain():
 def _compile(nvcc, flags, src, out_dir):
     obj = Path(out_dir) / (Path(src).stem + ".o")
     r = subprocess.run([nvcc, *flags, "-c", src, "-o", str(obj)], capture_output=True, text=True)
-    return src, r.returncode, r.stderr[-3000:]
+    return src, r.returncode, r.stderr
 
 
 def test_every_translation_unit_compiles_for_sm90a(tmp_path):
@@ -31,9 +32,43 @@ def test_every_translation_unit_compiles_for_sm90a(tmp_path):
     jobs = int(os.environ.get("MOK_COMPILE_JOBS", os.cpu_count() or 2))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
         results = list(ex.map(lambda s: _compile(nvcc, flags, s, tmp_path), srcs))
-    failed = [(s, err) for s, rc, err in results if rc != 0]
+    failed = [(s, err[-3000:]) for s, rc, err in results if rc != 0]
     assert not failed, "\n\n".join(f"{s}:\n{err}" for s, err in failed)
     assert "-gencode=arch=compute_90a,code=sm_90a" in flags
+    serialized = [(Path(s).name, line) for s, _, err in results for line in _build.serialized_wgmma(err)]
+    assert not serialized, "ptxas serialised wgmma instructions:\n" + "\n".join(f"{s}: {l}" for s, l in serialized)
+
+
+# A wgmma under a branch that depends on the thread: ptxas must serialise it (C7520). The check above relies on
+# ptxas saying so on stderr under the library's flags; this kernel shows that it does.
+_DIVERGENT_WGMMA_CU = r"""
+#include <cstdint>
+__global__ void divergent_wgmma(float* out, uint64_t desc_a, uint64_t desc_b, int n) {
+  float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  for (int i = 0; i < n; ++i) {
+    if (i % 3 == int(threadIdx.x)) {
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+                   : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3) : "l"(desc_a + i), "l"(desc_b));
+    }
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  out[threadIdx.x] = d0 + d1 + d2 + d3;
+}
+"""
+
+
+def test_serialized_wgmma_is_detected(tmp_path):
+    """The check of the library's TUs can fail: a kernel whose wgmma ptxas serialises is reported."""
+    nvcc, flags = _toolchain()
+    src = tmp_path / "divergent_wgmma.cu"
+    src.write_text(_DIVERGENT_WGMMA_CU)
+    _, rc, err = _compile(nvcc, flags, str(src), tmp_path)
+    assert rc == 0, err[-3000:]
+    found = _build.serialized_wgmma(err)
+    assert len(found) == 1 and "divergent_wgmma" in found[0], err[-3000:]
 
 
 def test_gather_producer_probe_compiles_for_sm90a(tmp_path):
@@ -42,4 +77,4 @@ def test_gather_producer_probe_compiles_for_sm90a(tmp_path):
     src = str(Path(__file__).resolve().parents[1] / "benchmarks" / "gather_producer_probe.cu")
     probe_flags = ["-std=c++17", "-O3", *_build.ARCH_FLAGS]  # no CUTLASS, no torch: the library's arch only
     _, rc, err = _compile(nvcc, probe_flags, src, tmp_path)
-    assert rc == 0, f"{src}:\n{err}"
+    assert rc == 0, f"{src}:\n{err[-3000:]}"

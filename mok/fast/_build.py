@@ -27,6 +27,17 @@ class FastPathUnavailable(RuntimeError):
     """Raised when the fast path cannot run here (no sm_90 GPU, no nvcc, no CUTLASS headers)."""
 
 
+# ptxas reports, without being asked, when it must serialise a kernel's wgmma instructions (C7510-C7520: a call, a
+# wgmma under a runtime branch, accumulators defined differently on two paths). The kernel still gives the same bits
+# but loses most of its tensor-core overlap, so a build that would hide the message surfaces it instead.
+SERIALIZED_WGMMA = "wgmma.mma_async instructions are serialized"
+
+
+def serialized_wgmma(stderr: str) -> list[str]:
+    """The lines of nvcc's `stderr` (str) in which ptxas says it serialised a kernel's wgmma instructions."""
+    return [line.strip() for line in stderr.splitlines() if SERIALIZED_WGMMA in line]
+
+
 def sources() -> list[str]:
     """Every translation unit of the library, sorted."""
     return sorted(str(p) for p in CSRC.glob("*.cu"))
@@ -122,6 +133,8 @@ def build_standalone(out: str, jobs: int = 2) -> str:
                                capture_output=True, text=True)
             if r.returncode != 0:
                 raise RuntimeError(f"nvcc failed on {src}:\n{r.stderr[-4000:]}")
+            for line in serialized_wgmma(r.stderr):
+                log.warning("mok.fast: %s: %s", Path(src).name, line)
         return str(obj)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
