@@ -1,6 +1,7 @@
 """CPU check (no GPU needed): every csrc/ translation unit compiles with nvcc for sm_90a (-c only),
-with the same flags the fast path's build uses, so a build break cannot land unnoticed, and ptxas serialises no
-kernel's wgmma instructions (a silent loss of most of a GEMM's speed, which the library's build does not fail on).
+with the same flags the fast path's build uses, so a build break cannot land unnoticed; ptxas serialises no
+kernel's wgmma instructions (a silent loss of most of a GEMM's speed, which the library's build does not fail on), and
+no kernel spills registers but the one epilogue known to (SPILL_ALLOWED).
 Skipped, with the reason, when nvcc or the CUTLASS headers (pip install nvidia-cutlass) are absent."""
 import os
 import subprocess
@@ -25,18 +26,28 @@ def _compile(nvcc, flags, src, out_dir):
     return src, r.returncode, r.stderr
 
 
+# The kernels allowed to spill registers: the d_a GEMM's SwiGLU-backward epilogue in the ping-pong tiles computes
+# with the tile's 192 fp32 accumulators live in its 240 registers (docs/fast_path.md, "SwiGLU backward in the d_a
+# epilogue"). A spill anywhere else (a mainloop, another epilogue) is a new loss of speed that no CPU test would see.
+SPILL_ALLOWED = ("SwigluBwdStagedEpilogueArray",)
+
+
 def test_every_translation_unit_compiles_for_sm90a(tmp_path):
     nvcc, flags = _toolchain()
     srcs = _build.sources()
     assert srcs, "no csrc/*.cu found"
     jobs = int(os.environ.get("MOK_COMPILE_JOBS", os.cpu_count() or 2))
+    warn = ["-Xptxas", "-warn-spills"]  # warnings only: the same code as the library's build
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        results = list(ex.map(lambda s: _compile(nvcc, flags, s, tmp_path), srcs))
+        results = list(ex.map(lambda s: _compile(nvcc, [*flags, *warn], s, tmp_path), srcs))
     failed = [(s, err[-3000:]) for s, rc, err in results if rc != 0]
     assert not failed, "\n\n".join(f"{s}:\n{err}" for s, err in failed)
     assert "-gencode=arch=compute_90a,code=sm_90a" in flags
     serialized = [(Path(s).name, line) for s, _, err in results for line in _build.serialized_wgmma(err)]
     assert not serialized, "ptxas serialised wgmma instructions:\n" + "\n".join(f"{s}: {l}" for s, l in serialized)
+    spills = [(Path(s).name, k) for s, _, err in results for k in _build.spilling_kernels(err)
+              if not any(a in k for a in SPILL_ALLOWED)]
+    assert not spills, "kernels spilling registers:\n" + "\n".join(f"{s}: {k[:300]}" for s, k in spills)
 
 
 # A wgmma under a branch that depends on the thread: ptxas must serialise it (C7520). The check above relies on
@@ -78,3 +89,27 @@ def test_gather_producer_probe_compiles_for_sm90a(tmp_path):
     probe_flags = ["-std=c++17", "-O3", *_build.ARCH_FLAGS]  # no CUTLASS, no torch: the library's arch only
     _, rc, err = _compile(nvcc, probe_flags, src, tmp_path)
     assert rc == 0, f"{src}:\n{err[-3000:]}"
+
+
+# 64 loads live at once, compiled with 24 registers a thread: ptxas must spill.
+_SPILLING_CU = r"""
+__global__ void many_live(const float* in, float* out) {
+  float v[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) v[i] = in[threadIdx.x + 128 * i];
+  float s = 0;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s += v[i] * v[63 - i];
+  out[threadIdx.x] = s;
+}
+"""
+
+
+def test_spills_are_detected(tmp_path):
+    """The spill check of the library's TUs can fail: a kernel that spills is named."""
+    nvcc, flags = _toolchain()
+    src = tmp_path / "many_live.cu"
+    src.write_text(_SPILLING_CU)
+    _, rc, err = _compile(nvcc, [*flags, "-maxrregcount=24", "-Xptxas", "-warn-spills"], str(src), tmp_path)
+    assert rc == 0, err[-3000:]
+    assert _build.spilling_kernels(err) == ["_Z9many_livePKfPf"], err[-3000:]

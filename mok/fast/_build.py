@@ -38,6 +38,15 @@ def serialized_wgmma(stderr: str) -> list[str]:
     return [line.strip() for line in stderr.splitlines() if SERIALIZED_WGMMA in line]
 
 
+# With -Xptxas -warn-spills, ptxas names each kernel whose registers it spills to local memory.
+SPILLS = "Registers are spilled to local memory in function '"
+
+
+def spilling_kernels(stderr: str) -> list[str]:
+    """The (mangled) kernel names nvcc's `stderr` (str, from a compile with -Xptxas -warn-spills) says spill."""
+    return [line.split(SPILLS, 1)[1].split("'", 1)[0] for line in stderr.splitlines() if SPILLS in line]
+
+
 def sources() -> list[str]:
     """Every translation unit of the library, sorted."""
     return sorted(str(p) for p in CSRC.glob("*.cu"))
