@@ -171,7 +171,8 @@ def main() -> None:
     ap.add_argument("--module", action="store_true",
                     help="time mok.MoE (router + losses + layer) against the layer alone and a plain PyTorch module")
     ap.add_argument("--suite", action="store_true",
-                    help="the public model shapes of suite.json (Mixtral, Qwen3, OLMoE, DeepSeek), mok vs grouped_mm")
+                    help="the public model shapes of suite.json (Mixtral, Qwen3, OLMoE, DeepSeek, Phi-3.5-MoE, Granite, "
+                         "GLM-4.5-Air), mok vs grouped_mm")
     ap.add_argument("--weight-grads", choices=["fp32", "bf16"], default="",
                     help="dtype of mok's weight gradients (default fp32; bf16 with --suite, like grouped_mm's "
                          "gradients of bf16 weights and like mok.MoE with bf16 parameters)")
