@@ -4,6 +4,7 @@ cost. Gate and up are passed as the halves of one [gate; up] tensor (what mok.Mo
 transformers' gate_up_proj give the layer). Each GEMM line also shows its TFLOP/s; the header line gives the
 wall time (queued back to back, and one call at a time) and how long the GPU idles inside one step.
 Usage: python benchmarks/profile_fast.py [config,...]"""
+import re
 import sys
 from pathlib import Path
 
@@ -28,6 +29,41 @@ def short(name: str) -> str:
     if "combine_rows_k<" in name:  # one kernel template: the forward combine (weighted) or the d_x combine
         return "combine_rows_k<true> (combine)" if "<true>" in name else "combine_rows_k<false> (d_x combine)"
     return name.replace("(anonymous namespace)::", "").replace("void ", "").split("(")[0].split("<")[0][:60]
+
+
+_TILE = re.compile(r"tuple<cute::C<(\d+)>, ?cute::C<(\d+)>, ?cute::C<64> ?>")  # a GEMM's tile shape, K = 64
+
+
+def tile_of(name: str) -> str:
+    """The tile shape ("128x192") in a CUTLASS GEMM kernel's demangled name, or "" when it names none."""
+    m = _TILE.search(name)
+    return f"{m.group(1)}x{m.group(2)}" if m else ""
+
+
+def gemm_labels(kernels: list, flops: list) -> list:
+    """What each of one step's kernels, (name, ms) in launch order, prints as: its short name, and for a CUTLASS GEMM
+    its tile, which GEMM it is and its TFLOP/s. `flops`: (label, FLOPs) of the step's GEMMs in launch order. A 64-row
+    tile GEMM is a second launch of a row-tiled GEMM, running its experts' short last tiles (where the library splits
+    them off: MOK_FAST_SPLIT_SHORT_TILES), one for each, on a second stream, so one may start before its own first
+    launch: the j-th of them belongs to the j-th GEMM, and the rate shown is of the two launches together."""
+    gemm = [short(n).startswith("cutlass") for n, _ in kernels]
+    tail = [g and tile_of(n).startswith("64x") for g, (n, _) in zip(gemm, kernels)]
+    heads = [i for i, (g, t) in enumerate(zip(gemm, tail)) if g and not t]
+    tails = [i for i, t in enumerate(tail) if t]
+    label = {h: flops[j] if j < len(flops) else ("?", 0) for j, h in enumerate(heads)}
+    head_of = {t: heads[j] if j < len(heads) else None for j, t in enumerate(tails)}
+    out = []
+    for i, (name, ms) in enumerate(kernels):
+        text = short(name)
+        if i in label:
+            (lab, f) = label[i]
+            text += f" {tile_of(name)}  [{lab}: {f / ms / 1e9:.0f} TFLOP/s]"
+        elif head_of.get(i) is not None:
+            h = head_of[i]
+            (lab, f), both = label[h], kernels[h][1] + ms
+            text += f" {tile_of(name)}  [{lab}, short last tiles: head + these {f / both / 1e9:.0f} TFLOP/s]"
+        out.append(f"  {ms:8.3f} ms  {text}")
+    return out
 
 
 def step(inp):
@@ -79,15 +115,9 @@ def main():
         print(f"{c['name']}: kernel time of one fwd+bwd {s:.2f} ms, in launch order:")
         R, T, H, I, S = c["T"] * c["K"], c["T"], c["H"], c["I"], c["S"]
         one, two = 2 * H * (R * I + T * S), 2 * H * (R * 2 * I + T * 2 * S)
-        flops = iter([("gate/up (+ SwiGLU when fused)", two), ("down", one), ("d_a", one), ("d_x", two),
-                      ("wgrad gate/up", two),
-                      ("wgrad down", one)])  # the GEMM launches in order (run_forward, run_backward)
-        for e in last:
-            ms, name = e.device_time_total / 1e3, short(e.name)
-            if name.startswith("cutlass"):
-                label, f = next(flops, ("?", 0))
-                name += f"  [{label}: {f / ms / 1e9:.0f} TFLOP/s]"
-            print(f"  {ms:8.3f} ms  {name}")
+        flops = [("gate/up (+ SwiGLU when fused)", two), ("down", one), ("d_a", one), ("d_x", two),
+                 ("wgrad gate/up", two), ("wgrad down", one)]  # the GEMM launches in order (run_forward, run_backward)
+        print("\n".join(gemm_labels([(e.name, e.device_time_total / 1e3) for e in last], flops)))
         del inp
         torch.cuda.empty_cache()
 

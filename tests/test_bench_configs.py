@@ -162,3 +162,32 @@ def test_tile_waste_counts_tiles_and_short_last_tiles():
     assert w["paired"] == pytest.approx((5 * 128 - 521) / 521)  # ... or both in one tile
     assert waste([128, 129, 200, 64, 0], short_cost=0.6)["split"] == pytest.approx((5.2 * 128 - 521) / 521)
     assert waste([], 0.6)["one"] == 0.0
+
+
+def _gemm_name(tile_m: int, tile_n: int, schedule: str = "Pingpong") -> str:
+    """A CUTLASS grouped GEMM kernel's name as demangled (cluster shape first, then the tile shape)."""
+    return ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<"
+            "cute::tuple<int, int, int> >, cutlass::gemm::collective::CollectiveMma<cutlass::gemm::"
+            "MainloopSm90ArrayTmaGmmaWarpSpecialized<4, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, "
+            f"cutlass::gemm::KernelPtrArrayTmaWarpSpecialized{schedule}>, cute::tuple<cute::C<{tile_m}>, "
+            f"cute::C<{tile_n}>, cute::C<64> >, cutlass::bfloat16_t> > >(Params)")
+
+
+def test_profile_fast_labels_each_gemm_and_the_short_tiles_of_the_one_before():
+    import sys
+    sys.path.insert(0, str(BENCH))
+    from profile_fast import gemm_labels, tile_of
+
+    assert tile_of(_gemm_name(128, 192)) == "128x192" and tile_of("combine_rows_k<true>") == ""
+    assert tile_of(_gemm_name(64, 256).replace(" >", ">")) == "64x256"  # with or without the space
+    flops = [("gate/up", 4e12), ("down", 2e12)]
+    lines = gemm_labels([(_gemm_name(128, 192), 4.0), (_gemm_name(64, 256), 1.0), ("combine_rows_k<true>", 0.5),
+                         (_gemm_name(128, 256, "Cooperative"), 2.0)], flops)
+    assert "128x192  [gate/up: 1000 TFLOP/s]" in lines[0]
+    assert "64x256  [gate/up, short last tiles: head + these 800 TFLOP/s]" in lines[1]  # 4e12 / 5 ms
+    assert "combine" in lines[2] and "[down: 1000 TFLOP/s]" in lines[3]  # the short tiles took no GEMM's place
+    # on its own stream, a second launch may start before its first: the j-th short-tile launch is the j-th GEMM's
+    lines = gemm_labels([(_gemm_name(64, 256), 1.0), (_gemm_name(128, 192), 4.0), (_gemm_name(128, 256), 1.0),
+                         (_gemm_name(64, 256), 1.0)], flops)
+    assert "[gate/up, short last tiles: head + these 800 TFLOP/s]" in lines[0] and "[gate/up: 1000" in lines[1]
+    assert "[down: 2000 TFLOP/s]" in lines[2] and "[down, short last tiles: head + these 1000 TFLOP/s]" in lines[3]
