@@ -173,7 +173,7 @@ def _gemm_name(tile_m: int, tile_n: int, schedule: str = "Pingpong") -> str:
             f"cute::C<{tile_n}>, cute::C<64> >, cutlass::bfloat16_t> > >(Params)")
 
 
-def test_profile_fast_labels_each_gemm_and_the_short_tiles_of_the_one_before():
+def test_profile_fast_labels_each_gemm_and_gives_each_short_tile_launch_to_its_gemm():
     import sys
     sys.path.insert(0, str(BENCH))
     from profile_fast import gemm_labels, tile_of
