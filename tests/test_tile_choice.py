@@ -155,14 +155,14 @@ def test_fused_gate_up_switch_and_forced_variant(monkeypatch):
 def test_weight_gradient_tile_covers_the_fewest_elements(monkeypatch, M, N, want):
     monkeypatch.delenv(_tiles.ENV, raising=False)
     for kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):
-        assert _tiles.wgrad_variant(kind, M, N) == want
+        assert _tiles.wgrad_variant(kind, [(M, N, 1)]) == want
     monkeypatch.setenv(_tiles.ENV, "3")  # a forced variant is taken
-    assert _tiles.wgrad_variant(_lib.GEMM_TT_BF16, M, N) == _tiles.PINGPONG
+    assert _tiles.wgrad_variant(_lib.GEMM_TT_BF16, [(M, N, 1)]) == _tiles.PINGPONG
     per_kind = ["0"] * len(KINDS)
     per_kind[_lib.GEMM_TT_F32] = ""  # an empty entry leaves this kind to the rule, the other forced
     monkeypatch.setenv(_tiles.ENV, ",".join(per_kind))
-    assert _tiles.wgrad_variant(_lib.GEMM_TT_F32, M, N) == want
-    assert _tiles.wgrad_variant(_lib.GEMM_TT_BF16, M, N) == _tiles.COOPERATIVE
+    assert _tiles.wgrad_variant(_lib.GEMM_TT_F32, [(M, N, 1)]) == want
+    assert _tiles.wgrad_variant(_lib.GEMM_TT_BF16, [(M, N, 1)]) == _tiles.COOPERATIVE
 
 
 def test_weight_gradient_launch_chooses_over_all_its_outputs(monkeypatch):

@@ -142,19 +142,19 @@ def variant(kind: int, H: int, I: int) -> int:
     return PINGPONG if I <= SMALL_I else COOPERATIVE
 
 
-def wgrad_variant(kind: int, M: int, N: int, groups: int = 1, more: tuple = ()) -> int:
-    """The tile variant of a weight-gradient GEMM (GEMM_TT_F32 / GEMM_TT_BF16) of `groups` outputs [M, N] (model
-    constants: [I, H] for gate or up, [H, I] for down), and of the `more` outputs (M, N, groups) of the same launch:
-    of the 128x192 tile in 2x1 clusters and the 192x128 tile in 1x2 clusters (the same loads, registers and bits),
-    the one whose clusters cover fewer output elements beyond the outputs; the first on a tie. MOK_FAST_GEMM_VARIANT,
-    when it forces the kind, is taken instead."""
+def wgrad_variant(kind: int, outputs) -> int:
+    """The tile variant of a weight-gradient GEMM (GEMM_TT_F32 / GEMM_TT_BF16) launch whose outputs are `outputs`,
+    (M, N, groups) each: `groups` outputs [M, N] (model constants: [I, H] for gate or up, [H, I] for down). Of the
+    128x192 tile in 2x1 clusters and the 192x128 tile in 1x2 clusters (the same loads, registers and bits), the one
+    whose clusters cover fewer output elements beyond the outputs; the first on a tie. MOK_FAST_GEMM_VARIANT, when it
+    forces the kind, is taken instead."""
     forced = _override(kind)
     if forced is not None:
         return forced
 
     def covered(v: int) -> int:
         cm, cn = WGRAD_CLUSTER_MN[v]
-        return sum(g * -(-m // cm) * cm * (-(-n // cn) * cn) for m, n, g in ((M, N, groups), *more))
+        return sum(g * -(-m // cm) * cm * (-(-n // cn) * cn) for m, n, g in outputs)
 
     return PINGPONG_TALL_1X2 if covered(PINGPONG_TALL_1X2) < covered(PINGPONG_2X1) else PINGPONG_2X1
 
@@ -163,8 +163,7 @@ def grouped_gemm(kind: int, segments: list, device, H: int, I: int) -> None:
     """`_lib.grouped_gemm` of a layer with hidden size H and routed intermediate size I, in its variant: `variant`,
     or for the weight-gradient kinds `wgrad_variant` over the segments' outputs."""
     if kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):
-        first, *rest = segments
-        v = wgrad_variant(kind, first.m, first.n, first.num_groups, tuple((s.m, s.n, s.num_groups) for s in rest))
+        v = wgrad_variant(kind, [(s.m, s.n, s.num_groups) for s in segments])
     else:
         v = variant(kind, H, I)
     _lib.grouped_gemm(kind, segments, device, v)
