@@ -191,3 +191,21 @@ def test_profile_fast_labels_each_gemm_and_gives_each_short_tile_launch_to_its_g
                          (_gemm_name(64, 256), 1.0)], flops)
     assert "[gate/up, short last tiles: head + these 800 TFLOP/s]" in lines[0] and "[gate/up: 1000" in lines[1]
     assert "[down: 2000 TFLOP/s]" in lines[2] and "[down, short last tiles: head + these 1000 TFLOP/s]" in lines[3]
+
+
+def test_new_shapes_check_energy_workloads_all_parse(tmp_path):
+    """benchmarks/new_shapes_check.sh's energy step (a device call) names only workloads energy_probe accepts, on the
+    three shapes added to suite.json in run 21, so a typo cannot cost that call; `workloads` prints the list only."""
+    import os
+    import subprocess
+
+    parse, configs = _energy_probe()
+    r = subprocess.run(["bash", str(BENCH / "new_shapes_check.sh"), "workloads"], capture_output=True, text=True,
+                       cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    specs = r.stdout.split()
+    assert len(specs) == len(set(specs)) == 10, specs  # each workload once
+    parsed = [parse(s, configs) for s in specs]
+    shapes = {cfg["name"] for _, cfg, _ in parsed if cfg is not None}
+    assert shapes == {"glm-4.5-air", "phi-3.5-moe", "granite-3.0-3b-a800m"}, shapes
+    assert {"MOK_FAST_FUSE_SWIGLU_BWD": "0"} in [env for _, _, env in parsed]
