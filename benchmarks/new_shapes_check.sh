@@ -4,7 +4,7 @@
 #    Granite-3.0-3B-A800M, GLM-4.5-Air) never run on a GPU before;
 # 2. the GPU tests and `mok verify --device cuda` on this tree;
 # 3. with the time left, the tile rule on the three new shapes at steady state (energy_probe, two rounds): the rule
-#    against the other side of its I <= 1024 split (GLM-4.5-Air's I = 1408 is the closest to it in the suite), and
+#    against the other side of its I <= 1024 split of that day (GLM-4.5-Air's I = 1408 is the closest to it in the suite), and
 #    the fused SwiGLU backward forced off / on;
 # 4. mok.MoE against a plain PyTorch module on the three new shapes.
 # Usage (repo root, a library built from this tree): MOK_FAST_LIB=.build/main/libmok_fast.so bash benchmarks/new_shapes_check.sh

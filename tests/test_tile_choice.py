@@ -120,6 +120,23 @@ def test_fused_gate_up_variant_needs_8_to_split_i_and_s(monkeypatch, H, I, S, wa
     assert _tiles.fused_gate_up_variant(H, I, S) == want
 
 
+@pytest.mark.parametrize("H, I, want", [
+    (2048, 768, _tiles.PINGPONG),        # Qwen3-30B-A3B: short reductions, ping-pong (run 6)
+    (2048, 1024, _tiles.PINGPONG),       # OLMoE-1B-7B
+    (4096, 1408, _tiles.PINGPONG),       # GLM-4.5-Air: 0.4-0.9% faster steps than cooperative (run 22)
+    (4096, 1536, _tiles.PINGPONG),       # mid-64e: PINGPONG_MAX_I itself, 0.9% faster steps (run 22)
+    (4096, 1544, _tiles.COOPERATIVE),    # just past it
+    (7168, 2048, _tiles.COOPERATIVE),    # DeepSeek-V3 slice: a tie at steady state (run 16), the cooperative tile kept
+    (4096, 6400, _tiles.COOPERATIVE),    # Phi-3.5-MoE: a tie (run 22)
+    (4096, 14336, _tiles.COOPERATIVE),   # Mixtral-8x7B: long reductions, cooperative 5-10% faster per GEMM (run 6)
+])
+def test_row_tiled_gemms_take_ping_pong_up_to_pingpong_max_i(monkeypatch, H, I, want):
+    """The forward, down, d_a and d_x GEMMs (rows an expert's, reduction over H, I or 2I) pick their tile from I."""
+    monkeypatch.delenv(_tiles.ENV, raising=False)
+    for kind in (_lib.GEMM_TN_F32, _lib.GEMM_TN_BF16, _lib.GEMM_NN_F32, _lib.GEMM_NN_BF16):
+        assert _tiles.variant(kind, H, I) == want, kind
+
+
 def test_the_fused_swiglu_backward_runs_the_staged_ping_pong_tile(monkeypatch):
     """GEMM_NN_SWIGLU_BWD's ping-pong variants stage [g | u] through shared memory (epilogue_swiglu_bwd_staged.cuh);
     when the switch asks for the fused launch, the rule picks the one without clusters, on every shape."""

@@ -11,8 +11,10 @@ benchmarks/profile_fast.py` with MOK_FAST_GEMM_VARIANT set): the weight-gradient
 swapped, 192x128 in 1x2 clusters, where that covers fewer output elements (`wgrad_variant`: the gate/up gradients
 [I, H] of Qwen3-30B-A3B, mid-64e and Mixtral-8x7B, whose H = 2048 or 4096 is no multiple of 192; the down gradients
 [H, I] of the DeepSeek-V3 slice and OLMoE-1B-7B); the forward and d_x GEMMs run
-ping-pong 128x192 when the routed intermediate size is small (I <= 1024: 3-9% faster per GEMM on Qwen3-30B-A3B),
-else the cooperative 128x256 tile (as fast or faster for I = 1536 to 14336).
+ping-pong 128x192 when the routed intermediate size is at most PINGPONG_MAX_I (I <= 1024: 3-9% faster per GEMM on
+Qwen3-30B-A3B, run 6; I = 1408 and 1536, GLM-4.5-Air and mid-64e: 0.4-0.9% faster steps at steady state, run 22),
+else the cooperative 128x256 tile (I = 2048 a tie in run 16; Mixtral-8x7B's I = 14336, whose down and d_x
+reductions are long, 5-10% faster per GEMM in run 6).
 
 Layers with large experts (I > SMALL_I) run the d_a GEMM with the SwiGLU backward in its epilogue
 (GEMM_NN_SWIGLU_BWD: [dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor
@@ -63,7 +65,8 @@ HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPON
 # The rows and columns of output one cluster covers in the weight-gradient kinds' two candidate variants (CUTLASS's
 # group scheduler rounds each group's tiles up to whole clusters): 128x192 tiles in 2x1 clusters, 192x128 in 1x2.
 WGRAD_CLUSTER_MN = {PINGPONG_2X1: (256, 192), PINGPONG_TALL_1X2: (192, 256)}
-SMALL_I = 1024  # at or below: many small experts (Qwen3, OLMoE, DeepSeek-V2-Lite), ping-pong pays
+SMALL_I = 1024  # at or below: many small experts (Qwen3, OLMoE, DeepSeek-V2-Lite), the SwiGLU backward apart pays
+PINGPONG_MAX_I = 1536  # at or below: the row-tiled GEMMs' reductions (K = I or 2I) are short, ping-pong pays
 
 
 def _override(kind: int) -> int | None:
@@ -139,7 +142,7 @@ def variant(kind: int, H: int, I: int) -> int:
         return COOPERATIVE
     if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the staged epilogue overlaps the other warpgroup's mainloop
         return PINGPONG
-    return PINGPONG if I <= SMALL_I else COOPERATIVE
+    return PINGPONG if I <= PINGPONG_MAX_I else COOPERATIVE
 
 
 def wgrad_variant(kind: int, outputs) -> int:
