@@ -209,3 +209,21 @@ def test_new_shapes_check_energy_workloads_all_parse(tmp_path):
     shapes = {cfg["name"] for _, cfg, _ in parsed if cfg is not None}
     assert shapes == {"glm-4.5-air", "phi-3.5-moe", "granite-3.0-3b-a800m"}, shapes
     assert {"MOK_FAST_FUSE_SWIGLU_BWD": "0"} in [env for _, _, env in parsed]
+
+
+def test_new_shapes_check_next_step_workloads_parse_and_pair_each_shape_with_the_other_tile(tmp_path):
+    """new_shapes_check.sh's `next` step (the follow-up device call) runs each shape by the rule and with the
+    row-tiled GEMMs forced to the other tile; its list parses, so a typo cannot cost the call."""
+    import os
+    import subprocess
+
+    parse, configs = _energy_probe()
+    r = subprocess.run(["bash", str(BENCH / "new_shapes_check.sh"), "next-workloads"], capture_output=True,
+                       text=True, cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    specs = r.stdout.split()
+    assert len(specs) == len(set(specs)) == 7, specs
+    parsed = [parse(s, configs) for s in specs]
+    forced = {cfg["name"] for _, cfg, env in parsed if env.get("MOK_FAST_GEMM_VARIANT")}
+    plain = {cfg["name"] for _, cfg, env in parsed if cfg is not None and not env}
+    assert forced == plain == {"mid-64e", "glm-4.5-air", "dsv3-ep8-slice"}, (forced, plain)
