@@ -193,37 +193,35 @@ def test_profile_fast_labels_each_gemm_and_gives_each_short_tile_launch_to_its_g
     assert "[down: 2000 TFLOP/s]" in lines[2] and "[down, short last tiles: head + these 1000 TFLOP/s]" in lines[3]
 
 
-def test_new_shapes_check_energy_workloads_all_parse(tmp_path):
-    """benchmarks/new_shapes_check.sh's energy step (a device call) names only workloads energy_probe accepts, on the
-    three shapes added to suite.json in run 21, so a typo cannot cost that call; `workloads` prints the list only."""
+def _new_shapes_check_workloads(tmp_path, step: str):
+    """[(kind, config or None, env)] of the workloads `bash benchmarks/new_shapes_check.sh <step>` prints (a step
+    that runs nothing), each parsed by energy_probe, so a typo in the script cannot cost its device call."""
     import os
     import subprocess
 
     parse, configs = _energy_probe()
-    r = subprocess.run(["bash", str(BENCH / "new_shapes_check.sh"), "workloads"], capture_output=True, text=True,
+    r = subprocess.run(["bash", str(BENCH / "new_shapes_check.sh"), step], capture_output=True, text=True,
                        cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     specs = r.stdout.split()
-    assert len(specs) == len(set(specs)) == 10, specs  # each workload once
-    parsed = [parse(s, configs) for s in specs]
+    assert len(specs) == len(set(specs)), specs  # each workload once
+    return [parse(s, configs) for s in specs]
+
+
+def test_new_shapes_check_energy_workloads_all_parse(tmp_path):
+    """Run 22's energy step: the rule and its alternatives on the three shapes added to suite.json in run 21."""
+    parsed = _new_shapes_check_workloads(tmp_path, "workloads")
+    assert len(parsed) == 10
     shapes = {cfg["name"] for _, cfg, _ in parsed if cfg is not None}
     assert shapes == {"glm-4.5-air", "phi-3.5-moe", "granite-3.0-3b-a800m"}, shapes
     assert {"MOK_FAST_FUSE_SWIGLU_BWD": "0"} in [env for _, _, env in parsed]
 
 
-def test_new_shapes_check_next_step_workloads_parse_and_pair_each_shape_with_the_other_tile(tmp_path):
-    """new_shapes_check.sh's `next` step (the follow-up device call) runs each shape by the rule and with the
-    row-tiled GEMMs forced to the other tile; its list parses, so a typo cannot cost the call."""
-    import os
-    import subprocess
-
-    parse, configs = _energy_probe()
-    r = subprocess.run(["bash", str(BENCH / "new_shapes_check.sh"), "next-workloads"], capture_output=True,
-                       text=True, cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
-    assert r.returncode == 0, r.stderr
-    specs = r.stdout.split()
-    assert len(specs) == len(set(specs)) == 7, specs
-    parsed = [parse(s, configs) for s in specs]
+def test_new_shapes_check_next_step_pairs_each_shape_with_the_other_tile(tmp_path):
+    """The `next` step (the follow-up device call) runs each shape by the rule and with the row-tiled GEMMs forced
+    to the other tile."""
+    parsed = _new_shapes_check_workloads(tmp_path, "next-workloads")
+    assert len(parsed) == 7
     forced = {cfg["name"] for _, cfg, env in parsed if env.get("MOK_FAST_GEMM_VARIANT")}
     plain = {cfg["name"] for _, cfg, env in parsed if cfg is not None and not env}
     assert forced == plain == {"mid-64e", "glm-4.5-air", "dsv3-ep8-slice"}, (forced, plain)

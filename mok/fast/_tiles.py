@@ -14,7 +14,7 @@ swapped, 192x128 in 1x2 clusters, where that covers fewer output elements (`wgra
 ping-pong 128x192 when the routed intermediate size is at most PINGPONG_MAX_I (I <= 1024: 3-9% faster per GEMM on
 Qwen3-30B-A3B, run 6; I = 1408 and 1536, GLM-4.5-Air and mid-64e: 0.4-0.9% faster steps at steady state, run 22),
 else the cooperative 128x256 tile (I = 2048 a tie in run 16; Mixtral-8x7B's I = 14336, whose down and d_x
-reductions are long, 5-10% faster per GEMM in run 6).
+reductions are long: each about 10% faster in it, run 6).
 
 Layers with large experts (I > SMALL_I) run the d_a GEMM with the SwiGLU backward in its epilogue
 (GEMM_NN_SWIGLU_BWD: [dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor
