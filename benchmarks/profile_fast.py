@@ -42,26 +42,14 @@ def tile_of(name: str) -> str:
 
 def gemm_labels(kernels: list, flops: list) -> list:
     """What each of one step's kernels, (name, ms) in launch order, prints as: its short name, and for a CUTLASS GEMM
-    its tile, which GEMM it is and its TFLOP/s. `flops`: (label, FLOPs) of the step's GEMMs in launch order. A 64-row
-    tile GEMM is a second launch of a row-tiled GEMM, running its experts' short last tiles (where the library splits
-    them off: MOK_FAST_SPLIT_SHORT_TILES), one for each, on a second stream, so one may start before its own first
-    launch: the j-th of them belongs to the j-th GEMM, and the rate shown is of the two launches together."""
-    gemm = [short(n).startswith("cutlass") for n, _ in kernels]
-    tail = [g and tile_of(n).startswith("64x") for g, (n, _) in zip(gemm, kernels)]
-    heads = [i for i, (g, t) in enumerate(zip(gemm, tail)) if g and not t]
-    tails = [i for i, t in enumerate(tail) if t]
-    label = {h: flops[j] if j < len(flops) else ("?", 0) for j, h in enumerate(heads)}
-    head_of = {t: heads[j] if j < len(heads) else None for j, t in enumerate(tails)}
+    its tile, which GEMM it is and its TFLOP/s. `flops`: (label, FLOPs) of the step's GEMMs in launch order."""
+    labels = iter(flops)
     out = []
-    for i, (name, ms) in enumerate(kernels):
+    for name, ms in kernels:
         text = short(name)
-        if i in label:
-            (lab, f) = label[i]
+        if text.startswith("cutlass"):
+            lab, f = next(labels, ("?", 0))
             text += f" {tile_of(name)}  [{lab}: {f / ms / 1e9:.0f} TFLOP/s]"
-        elif head_of.get(i) is not None:
-            h = head_of[i]
-            (lab, f), both = label[h], kernels[h][1] + ms
-            text += f" {tile_of(name)}  [{lab}, short last tiles: head + these {f / both / 1e9:.0f} TFLOP/s]"
         out.append(f"  {ms:8.3f} ms  {text}")
     return out
 
