@@ -1,5 +1,6 @@
 """compute-sanitizer memcheck and racecheck over a small forward+backward of mok.fast (under each GEMM tile
-variant, with gate and up apart and as the halves of one tensor: the fused gate/up + SwiGLU launch) and its router, and over an expert-parallel forward+backward at W = 2 (two processes sharing the
+variant, with gate and up apart and as the halves of one tensor: the fused gate/up + SwiGLU launch, with the SwiGLU
+backward fused into the d_a GEMM) and its router, and over an expert-parallel forward+backward at W = 2 (two processes sharing the
 GPU, IPC peer buffers)."""
 import os
 import shutil
@@ -21,11 +22,14 @@ for variant in [*map(str, range(mok.fast._lib.NUM_GEMM_VARIANTS)), ""]:  # every
                          (MoEConfig(T=20, H=64, I=32, E=6, K=2, S=0), "empty_expert")]:
         out = run_layer(make_inputs(cfg, seed=1, routing=routing, device="cuda"), impl=mok.fast)
     # gate/up halves of one tensor: the fused gate/up + SwiGLU launch (ping-pong halves of 96, cooperative of 128;
-    # I = 40, S = 24: one tile, its halves past I and S)
+    # I = 40, S = 24: one tile, its halves past I and S), and the d_a GEMM with the SwiGLU backward in its epilogue
+    # (the rule fuses it only for I > 1024: forced here; staged through shared memory in the ping-pong variants)
+    os.environ["MOK_FAST_FUSE_SWIGLU_BWD"] = "1"
     for cfg in (MoEConfig(T=37, H=64, I=96, E=4, K=2, S=96), MoEConfig(T=29, H=64, I=128, E=6, K=2, S=0),
                 MoEConfig(T=29, H=64, I=40, E=6, K=2, S=24)):
         out = run_layer(with_stacked_gate_up(make_inputs(cfg, seed=1, routing="empty_expert", device="cuda")),
                         impl=mok.fast)
+    del os.environ["MOK_FAST_FUSE_SWIGLU_BWD"]
 bad = make_inputs(MoEConfig(T=16, H=64, I=32, E=4, K=2, S=16), seed=2, device="cuda")
 bad["topk_idx"][3, 0] = 99
 run_layer(bad, impl=mok.fast)
