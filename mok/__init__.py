@@ -1,8 +1,9 @@
 """mok: a deterministic mixture-of-experts layer.
 
-`mok.MoE` (the module), `mok.moe` / `mok.router` / `mok.router_losses` (the functional ops) and the
-subpackages `mok.reference` (the bit-exact contract), `mok.fast` (CUDA, Hopper), `mok.nn`, `mok.hf`
-and `mok.harness` (goldens, verify, diff-grads; `pip install mok[harness]`) are imported on first use.
+`mok.MoE` (the module; also `mok.Routing`, `mok.RouterLosses`) and `mok.moe` / `mok.router` /
+`mok.router_losses` (the functional ops) are imported on first use. Import the subpackages explicitly:
+`mok.reference` (the bit-exact contract), `mok.fast` (CUDA, Hopper), `mok.nn`, `mok.hf` and `mok.harness`
+(goldens, verify, diff-grads; its extra: `pip install -e ".[harness]"` in the source tree).
 """
 
 __version__ = "0.3.0"

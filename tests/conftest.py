@@ -1,20 +1,42 @@
-"""Shared pytest setup: tests marked `gpu` skip without a CUDA device, tests marked `sm90` skip unless
-`mok.fast.is_available()` (an sm_90 GPU plus a library or the toolchain to build one), with its reason."""
+"""Shared pytest setup: tests marked `gpu` skip without a CUDA device; tests marked `sm90` skip without an sm_90 GPU
+(H100/H200), with the reason. On an sm_90 GPU they run, and when `mok.fast.is_available()` says the fast path
+cannot (no nvcc or CUTLASS headers to build the library, a MOK_FAST_LIB that is not a file) each of them errors in
+setup with that reason: a Hopper test run whose every fast-path test skipped would pass and prove nothing."""
 
 import pytest
 import torch
 
 
+def _sm90_status() -> tuple[str, str]:
+    """("skip" | "fail" | "run", reason) for the sm90-marked tests of this session."""
+    from mok.fast import is_available
+    from mok.fast._build import sm90_problem
+
+    if not torch.cuda.is_available():
+        return "skip", "needs an sm_90 GPU: no CUDA GPU is visible"
+    problem = sm90_problem(torch.device("cuda", torch.cuda.current_device()))
+    if problem:
+        return "skip", problem
+    ok, reason = is_available()
+    return ("run", reason) if ok else ("fail", f"an sm_90 GPU is present but mok.fast cannot run: {reason}")
+
+
 def pytest_collection_modifyitems(config, items):
     has_cuda = torch.cuda.is_available()
-    fast = None  # (ok, reason), asked once and only when an sm90 test is collected
+    sm90 = None  # (what, reason), asked once and only when an sm90 test is collected
     for item in items:
         if item.get_closest_marker("gpu") and not has_cuda:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         elif item.get_closest_marker("sm90"):
-            if fast is None:
-                from mok.fast import is_available
+            if sm90 is None:
+                sm90 = _sm90_status()
+            if sm90[0] == "skip":
+                item.add_marker(pytest.mark.skip(reason=f"needs mok.fast: {sm90[1]}"))
+            elif sm90[0] == "fail":
+                item.user_properties.append(("mok_fast_unusable", sm90[1]))
 
-                fast = is_available()
-            if not fast[0]:
-                item.add_marker(pytest.mark.skip(reason=f"needs mok.fast: {fast[1]}"))
+
+def pytest_runtest_setup(item):
+    for key, reason in item.user_properties:
+        if key == "mok_fast_unusable":
+            pytest.fail(reason, pytrace=False)

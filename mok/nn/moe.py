@@ -90,7 +90,8 @@ class MoE(nn.Module):
         hidden_size: H. intermediate_size: I (routed experts). num_experts: E. top_k: K (1 <= K <= E).
         shared_intermediate_size: S, 0 for no shared expert.
         score: "softmax" or "sigmoid" router scores. normalize: renormalise the K weights to sum to 1.
-        backend: "auto" (fast path on an sm_90 GPU when built, else reference), "reference" or "fast".
+        backend: "auto" (the fast path when `mok.fast.is_available()` on the parameters' device and H, I, S
+                are multiples of 8, else the reference), "reference" or "fast".
             The choice is in `self.backend_in_use` (with `self.backend_reason`), re-made when the
             module moves device, and logged once (logger "mok").
         group: torch.distributed process group for expert parallelism (W ranks; this rank holds
