@@ -1,10 +1,24 @@
 """Shared pytest setup: tests marked `gpu` skip without a CUDA device; tests marked `sm90` skip without an sm_90 GPU
 (H100/H200), with the reason. On an sm_90 GPU they run, and when `mok.fast.is_available()` says the fast path
 cannot (no nvcc or CUTLASS headers to build the library, a MOK_FAST_LIB that is not a file) each of them errors in
-setup with that reason: a Hopper test run whose every fast-path test skipped would pass and prove nothing."""
+setup with that reason: a Hopper test run whose every fast-path test skipped would pass and prove nothing.
+
+Hypothesis draws the same examples on every run (profile "deterministic": a failure on CI reproduces anywhere);
+HYPOTHESIS_PROFILE=explore draws new ones each run."""
+
+import os
 
 import pytest
 import torch
+
+try:
+    from hypothesis import settings
+except ImportError:  # the hypothesis tests import it themselves and fail there, saying so
+    settings = None
+else:
+    settings.register_profile("deterministic", derandomize=True, print_blob=True)
+    settings.register_profile("explore", print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
 def _sm90_status() -> tuple[str, str]:

@@ -107,7 +107,7 @@ def test_retain_graph_second_backward_gives_the_same_bits(impl):
     wrt = [leaves[a] for a in args]
     first = torch.autograd.grad(y, wrt, inputs["dy"], retain_graph=True)
     second = torch.autograd.grad(y, wrt, inputs["dy"])
-    for arg, a, b in zip(args, first, second):
+    for arg, a, b in zip(args, first, second, strict=True):
         assert_bitwise_equal(b, a, f"{arg}: second backward")
         assert_bitwise_equal(a, want[GRAD_FOR[arg]].to(inputs[arg].dtype), f"{arg}: vs functional")
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):

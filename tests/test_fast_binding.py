@@ -154,7 +154,7 @@ def test_signature_types_match_the_header(name):
     res, args = _lib.SIGNATURES[name]
     assert res is _ctype(c_ret, result=True), f"{name}: returns {c_ret}, SIGNATURES says {res.__name__}"
     assert len(args) == len(c_args), f"{name}: {len(c_args)} arguments in the header, {len(args)} in SIGNATURES"
-    for i, (c, py) in enumerate(zip(c_args, args)):
+    for i, (c, py) in enumerate(zip(c_args, args, strict=True)):
         assert py is _ctype(c), f"{name}: argument {i} is {c}, SIGNATURES says {py.__name__}"
 
 
@@ -163,7 +163,7 @@ def test_structs_match_field_by_field(struct):
     c_fields = header_structs()[struct]
     py_fields = getattr(_lib, struct)._fields_
     assert [f for f, _ in py_fields] == [f for f, _ in c_fields], struct
-    for (fname, c_type), (_, py) in zip(c_fields, py_fields):
+    for (fname, c_type), (_, py) in zip(c_fields, py_fields, strict=True):
         assert py is _ctype(c_type), f"{struct}.{fname}: {c_type} in C, {py.__name__} in ctypes"
 
 

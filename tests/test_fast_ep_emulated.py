@@ -59,17 +59,17 @@ def _run(rank, world_size, group, inputs, W, via_op, stacked=False):
         from mok.nn import ops
 
         leaves = {a: (v.clone().requires_grad_(True) if v is not None and v.is_floating_point() else v)
-                  for a, v in zip(LAYER_ARGS, args)}
+                  for a, v in zip(LAYER_ARGS, args, strict=True)}
         y = ops.moe(*leaves.values(), group=group, backend="fast")
         y.backward(local["dy"])
         out = {"y": y.detach(), **{g: (leaves[a].grad if leaves[a] is not None else None) for g, a in GRAD_OF.items()}}
     elif W == 1:
         d = check_layer_args(*args, world_size=1)
         y, ctx = _ep.run_forward_ep(*args, d, group)
-        out = dict(zip(OUTPUT_NAMES, (y, *_ep.run_backward_ep(ctx, local["dy"]))))
+        out = dict(zip(OUTPUT_NAMES, (y, *_ep.run_backward_ep(ctx, local["dy"])), strict=True))
     else:
         y, ctx = mok.fast.forward(*args, group=group)
-        out = dict(zip(OUTPUT_NAMES, (y, *mok.fast.backward(ctx, local["dy"]))))
+        out = dict(zip(OUTPUT_NAMES, (y, *mok.fast.backward(ctx, local["dy"])), strict=True))
     mok.fast.release_ep_buffers()
     if tmp is not None:
         dist.destroy_process_group()

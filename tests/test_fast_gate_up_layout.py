@@ -2,7 +2,7 @@
 pairs of tensors are recognised, and that mok.nn.ops rounds float32 gate/up pairs into such a tensor and
 transformers' fused gate_up_proj reaches the layer as one, so the fast path's backward concatenates
 nothing. The kernels reading it are tested in tests/test_fast_ep_emulated.py (CPU stand-ins) and
-tests/gpu/test_fast_layer.py (bits)."""
+tests/gpu/test_fast_determinism.py (bits: test_gate_up_halves_of_one_tensor_give_the_separate_tensors_bits)."""
 import pytest
 import torch
 
@@ -51,7 +51,7 @@ def test_the_op_rounds_float32_gate_up_pairs_into_one_tensor():
     casts = ops._casts(tensors, plan)
     x16, sg, su, sd, rg, ru, rd = ops._with_casts(tensors, plan, casts)
     assert len(casts) == 5  # x, [sg; su], sd, [rg; ru], rd
-    for got, t in zip((x16, sg, su, sd, rg, ru, rd), tensors):
+    for got, t in zip((x16, sg, su, sd, rg, ru, rd), tensors, strict=True):
         assert got.dtype == torch.bfloat16 and torch.equal(got, t.to(torch.bfloat16))
     assert stacked_gate_up(rg, ru) is not None and stacked_gate_up(sg, su) is not None
 

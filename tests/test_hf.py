@@ -48,7 +48,7 @@ def test_mok_to_hf_to_mok_round_trip_is_bitwise():
     m = mok.MoE(32, 16, 4, 2, normalize=False)
     m2 = from_hf_qwen3_moe(to_hf_qwen3_moe(m))
     assert not m2.normalize
-    for (n, a), b in zip(m.named_parameters(), m2.parameters()):
+    for (n, a), b in zip(m.named_parameters(), m2.parameters(), strict=True):
         assert_bitwise_equal(b, a, n)
 
 

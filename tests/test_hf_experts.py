@@ -193,7 +193,7 @@ def test_save_pretrained_writes_hf_checkpoint_and_reloads_bitwise(family, tmp_pa
         assert_bitwise_equal(b[k], a[k], k)
     back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "mok"), experts_implementation="mok")
     assert back.config._experts_implementation == "mok"
-    for (n, p), q in zip(ours.state_dict().items(), back.state_dict().values()):
+    for (n, p), q in zip(ours.state_dict().items(), back.state_dict().values(), strict=True):
         assert_bitwise_equal(q, p, n)
     assert_bitwise_equal(back(_ids()).logits, logits, "logits after reload")
     plain = AutoModelForCausalLM.from_pretrained(str(tmp_path / "mok"))  # the checkpoint does not need mok
@@ -278,7 +278,8 @@ def test_other_weight_layouts_give_the_standard_layouts_bits(cls):
     x = torch.randn(12, H, generator=g)
     idx = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(12)])
     w = torch.rand(12, 2, generator=g)
-    for a, b, name in zip(_experts_call(other, x, idx, w), _experts_call(std, x, idx, w), ("y", "d_x", "d_w")):
+    for a, b, name in zip(_experts_call(other, x, idx, w), _experts_call(std, x, idx, w), ("y", "d_x", "d_w"),
+                          strict=True):
         assert_bitwise_equal(a, b, name)
 
 
@@ -299,7 +300,7 @@ def test_compiled_fullgraph_gives_eager_bits():
 
     eager = run(experts)
     compiled = run(torch.compile(lambda *a: experts(*a), fullgraph=True))
-    for a, b, name in zip(compiled, eager, ("y", "d_x", "d_w", "d_gate_up", "d_down")):
+    for a, b, name in zip(compiled, eager, ("y", "d_x", "d_w", "d_gate_up", "d_down"), strict=True):
         assert_bitwise_equal(a, b, name)
 
 
@@ -332,7 +333,8 @@ def test_register_other_settings_and_bad_arguments():
     ref.set_experts_implementation("mok")
     for model in (m, ref):
         model(_ids(), labels=_ids()).loss.backward()
-    for (n, p), q in zip(m.named_parameters(), ref.parameters()):  # recompute: the same bits; auto = reference
+    # recompute: the same bits; auto = reference
+    for (n, p), q in zip(m.named_parameters(), ref.parameters(), strict=True):
         assert_bitwise_equal(p.grad, q.grad, n)
     with pytest.raises(ValueError, match="backend: expected one of"):
         mok.hf.register("x", backend="cuda")

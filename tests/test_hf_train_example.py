@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+from mok.harness.bits import assert_bitwise_equal
+
 pytest.importorskip("transformers")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,8 +30,11 @@ def _run(example, *extra):
 def test_mok_reruns_are_bitwise_identical_and_learn(example, tmp_path):
     log = tmp_path / "log.json"
     r = _run(example, "--steps", "3", "--prove", "--log", str(log))
-    assert r["identical_losses"] and r["identical_weights"]
-    losses = r["runs"][0]["losses"]
+    first, second = r["runs"]
+    assert_bitwise_equal(second["losses"], first["losses"], "rerun's losses")  # names the first step that differs
+    assert second["digest"] == first["digest"], "rerun's final weights differ (sha256 of every parameter's bits)"
+    assert r["identical_losses"] and r["identical_weights"]  # what the example itself reports
+    losses = first["losses"]
     assert losses.shape == (3,) and all(math.isfinite(v) for v in losses.tolist())
     assert r["last_loss"] < r["first_loss"]  # AdamW at lr 1e-3 on bytes: the first steps go down
     assert log.exists() and '"identical_losses": true' in log.read_text()

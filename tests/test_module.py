@@ -79,7 +79,7 @@ def test_a_dcp_checkpoint_with_separate_gate_and_up_loads_through_views(tmp_path
     with torch.no_grad():
         for stacked, (gate, up), dim in _PAIRS:
             getattr(b, stacked).copy_(torch.cat([sd[gate], sd[up]], dim))
-    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+    for (n, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         assert_bitwise_equal(q, p, n)
 
 
@@ -95,7 +95,7 @@ def test_a_state_dict_with_separate_gate_and_up_loads_stacked(S):
     torch.manual_seed(5)
     b = mok.MoE(16, 8, 4, 2, shared_intermediate_size=S)
     b.load_state_dict(old)
-    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+    for (n, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         assert_bitwise_equal(q, p, n)
     half = {k: v for k, v in old.items() if k != "w_up_LIH"}  # one of a pair alone: named, not guessed
     with pytest.raises(RuntimeError, match="w_gate_up_L2IH"):
@@ -114,7 +114,7 @@ def test_state_dict_round_trip_gives_same_bits():
 
 def test_seeded_init_is_reproducible_and_scaled():
     a, b = _moe(), _moe()
-    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+    for (n, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         assert_bitwise_equal(p, q, n)
     # fan-in scaling: std close to H^-0.5 for the gate, I^-0.5 for the down projection
     assert abs(a.w_gate_LIH.std().item() - 16**-0.5) < 0.05
@@ -163,7 +163,7 @@ def test_rerun_gives_identical_bits():
         y, rl = m(x, return_router_losses=True)
         (y.square().sum() + rl.load_balance + rl.z).backward()
         outs.append([y, x.grad] + [p.grad for p in m.parameters()])
-    for i, (a, b) in enumerate(zip(*outs)):
+    for i, (a, b) in enumerate(zip(*outs, strict=True)):
         assert_bitwise_equal(a, b, f"output {i}")
 
 

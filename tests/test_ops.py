@@ -39,7 +39,7 @@ def test_opcheck_moe(S, weight_dtype, x_dtype, recompute):
                                                                               rd.to(bf16)]
     casts, saved = out[1:1 + len(want)], out[1 + len(want):]
     assert len(saved) == (0 if recompute else 9)  # recompute saves no intermediates
-    for c, w in zip(casts, want):
+    for c, w in zip(casts, want, strict=True):
         assert c.dtype == bf16 and torch.equal(c, w)
     bf16_args = list(plain)
     if x.dtype == torch.float32:

@@ -241,7 +241,7 @@ def test_route_tie_break_lower_id_first(score, row, k, expected):
 
 def test_route_bf16_logits_are_widened_exactly():
     logits = (torch.randn(50, 8, generator=torch.Generator().manual_seed(0)) * 3).bfloat16()
-    for a, b, what in zip(route(logits, 3), route(logits.float(), 3), ("topk_idx", "topk_weight")):
+    for a, b, what in zip(route(logits, 3), route(logits.float(), 3), ("topk_idx", "topk_weight"), strict=True):
         assert_bitwise_equal(a, b, f"{what}: bf16 vs fp32 logits")
 
 

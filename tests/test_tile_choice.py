@@ -20,7 +20,8 @@ def test_override_gives_each_kind_its_variant(monkeypatch, text, want):
     monkeypatch.delenv(_tiles.ENV, raising=False)
     rule = [_tiles.variant(k, 2048, 768) for k in KINDS]
     monkeypatch.setenv(_tiles.ENV, text)
-    assert [_tiles.variant(k, 2048, 768) for k in KINDS] == [r if w is None else w for r, w in zip(rule, want)]
+    assert [_tiles.variant(k, 2048, 768) for k in KINDS] == [r if w is None else w
+                                                             for r, w in zip(rule, want, strict=True)]
 
 
 @pytest.mark.parametrize("text", [

@@ -42,9 +42,9 @@ def test_forward_1000_reruns(inputs):
 def test_backward_1000_reruns(inputs):
     args = [inputs[a] for a in LAYER_ARGS]
     _, ctx = mok.fast.forward(*args)
-    g0 = dict(zip(OUTPUT_NAMES[1:], mok.fast.backward(ctx, inputs["dy"])))
+    g0 = dict(zip(OUTPUT_NAMES[1:], mok.fast.backward(ctx, inputs["dy"]), strict=True))
     for i in range(1000):
-        g = dict(zip(OUTPUT_NAMES[1:], mok.fast.backward(ctx, inputs["dy"])))
+        g = dict(zip(OUTPUT_NAMES[1:], mok.fast.backward(ctx, inputs["dy"]), strict=True))
         if not _same(g, g0):
             assert_outputs_bitwise_equal(g, g0, f"backward rerun {i}")
 

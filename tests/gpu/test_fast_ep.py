@@ -81,7 +81,7 @@ def _graph_replay(rank, world_size, group, inputs):
     with torch.cuda.graph(graph):
         y, ctx = mok.fast.forward(*args, group=group)
         grads = mok.fast.backward(ctx, local["dy"])
-        static.update(zip(OUTPUT_NAMES, (y, *grads)))
+        static.update(zip(OUTPUT_NAMES, (y, *grads), strict=True))
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

@@ -1,4 +1,4 @@
-"""The expert-parallel kernels of csrc/ep.cu in one process, against plain-PyTorch refs with torch.equal:
+"""The expert-parallel kernels of csrc/ep.cu in one process, against plain-PyTorch refs bit for bit:
 the "ranks" are W slices of one local tensor, so a failure here is the kernel's, not IPC's or the
 protocol's (tests/gpu/test_fast_ep.py covers those)."""
 import subprocess
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mok.fast import _lib_ep
+from mok.harness.bits import assert_bitwise_equal
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
@@ -59,7 +60,7 @@ def test_gather_rows_from_w_regions_is_the_ref(W, T, K, H, div_by_k):
     want = gather_ref(regions, per_rank, div, row_pair, placed, out)
     _lib_ep.ep_gather_rows(_table(regions), per_rank, div, row_pair, offsets, 2, out)
     torch.cuda.synchronize()
-    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert_bitwise_equal(out, want, "gathered rows")
 
 
 @pytest.mark.parametrize("W, T, K, H", [(2, 8, 2, 16), (4, 5, 3, 64), (8, 16, 4, 128)])
@@ -75,7 +76,7 @@ def test_scatter_rows_into_w_regions_is_the_ref(W, T, K, H):
     want[row_pair[:placed].long()] = rows[:placed]
     _lib_ep.ep_scatter_rows(rows, row_pair, offsets, 2, per_rank, _table(big.split(per_rank)))
     torch.cuda.synchronize()
-    assert torch.equal(big.view(torch.int16), want.view(torch.int16))
+    assert_bitwise_equal(big, want, "scattered regions")
 
 
 @pytest.mark.parametrize("W, shape, dtype", [
@@ -89,7 +90,7 @@ def test_concat_of_w_regions_is_torch_cat(W, shape, dtype):
     out = torch.empty((W * shape[0], *shape[1:]), dtype=dtype, device="cuda")
     _lib_ep.ep_concat(_table(parts), out)
     torch.cuda.synchronize()
-    assert torch.equal(out, torch.cat(parts))
+    assert_bitwise_equal(out, torch.cat(parts), "concatenated regions")  # raw bits: -0 is not +0
 
 
 def test_signal_then_wait_passes_for_every_simulated_rank():

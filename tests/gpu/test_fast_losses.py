@@ -82,7 +82,7 @@ def test_reruns_are_bitwise_identical(score):
     for _ in range(50):
         again = (*mok.fast.router_losses(scores, logits, idx, score),
                  *mok.fast.router_losses_backward(*d, scores, logits, idx, score))
-        for name, a, b in zip(("balance", "z", "d_scores", "d_logits"), first, again):
+        for name, a, b in zip(("balance", "z", "d_scores", "d_logits"), first, again, strict=True):
             assert_bitwise_equal(b, a, name)
 
 

@@ -118,14 +118,14 @@ def test_reruns_and_batch_invariance_bitwise():
     grads = mok.fast.router_backward(x, w, first[2], first[1], d_tw, None, None, "softmax", True)
     for i in range(100):
         again = mok.fast.router_forward(x, w, K, "softmax", True)
-        for name, a, b in zip(("topk_weight", "topk_idx", "scores", "logits"), again, first):
+        for name, a, b in zip(("topk_weight", "topk_idx", "scores", "logits"), again, first, strict=True):
             assert_bitwise_equal(a, b, f"rerun {i}: {name}")
     again = mok.fast.router_backward(x, w, first[2], first[1], d_tw, None, None, "softmax", True)
     assert_bitwise_equal(again[0], grads[0], "d_x rerun")
     assert_bitwise_equal(again[1], grads[1], "d_w rerun")
     for n in (1, 37, 999):  # a token's routing and its d_x do not depend on the rest of the batch
         sub = mok.fast.router_forward(x[:n].contiguous(), w, K, "softmax", True)
-        for name, a, b in zip(("topk_weight", "topk_idx", "scores", "logits"), sub, first):
+        for name, a, b in zip(("topk_weight", "topk_idx", "scores", "logits"), sub, first, strict=True):
             assert_bitwise_equal(a, b[:n], f"first {n} tokens: {name}")
         sub_dx = mok.fast.router_backward(x[:n].contiguous(), w, first[2][:n].contiguous(), first[1][:n].contiguous(),
                                           d_tw[:n].contiguous(), None, None, "softmax", True)[0]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mok.fast import _lib
+from mok.harness.bits import assert_bitwise_equal
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
@@ -33,10 +34,10 @@ def test_schedule_matches_stable_sort(T, K, E, e0, L):
     order = torch.argsort(torch.where(local, flat, E + 1), stable=True)[: int(local.sum())]
     counts = torch.bincount(flat[local] - e0, minlength=L)
     assert int(flag.item()) == (2 if bool((idx[:, :, None] == idx[:, None, :]).sum() > T * K) else 0)
-    assert torch.equal(offsets[: L + 1].long(), torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
-    assert torch.equal(offsets[L + 1:].long(), counts)
+    assert_bitwise_equal(offsets[: L + 1].long(), torch.cat([counts.new_zeros(1), counts.cumsum(0)]), "offsets")
+    assert_bitwise_equal(offsets[L + 1:].long(), counts, "counts")
     n = int(local.sum())
-    assert torch.equal(row_pair[:n].long(), order)
+    assert_bitwise_equal(row_pair[:n].long(), order, "row_pair")
     expect_pair_row = torch.full((R,), -1, dtype=torch.long, device="cuda")
     expect_pair_row[order] = torch.arange(n, device="cuda")
-    assert torch.equal(pair_row.long(), expect_pair_row)
+    assert_bitwise_equal(pair_row.long(), expect_pair_row, "pair_row")

@@ -25,7 +25,7 @@ def _outputs(inputs) -> dict:
     y, ctx = fast.forward(*(inputs[a] for a in LAYER_ARGS))
     out = {}
     for wdt in (torch.float32, torch.bfloat16):  # both weight-gradient kinds
-        for name, t in zip(OUTPUT_NAMES, (y, *fast.backward(ctx, inputs["dy"], weight_grad_dtype=wdt))):
+        for name, t in zip(OUTPUT_NAMES, (y, *fast.backward(ctx, inputs["dy"], weight_grad_dtype=wdt)), strict=True):
             out[f"{name} ({wdt})"] = t
     return out
 
