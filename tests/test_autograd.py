@@ -84,8 +84,13 @@ SMALL = MoEConfig(T=8, H=16, I=8, E=4, K=2, S=8)
 IMPLS = {"reference.moe": reference.moe, "ops.moe": ops.moe}
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("arg", ["x", "routed_gate", "shared_down", "topk_weight"])
+@pytest.mark.parametrize("impl", IMPLS)  # reference.moe and ops.moe (the public op)
+@pytest.mark.parametrize("arg", [
+    "x",            # the activations
+    "routed_gate",  # a routed expert weight
+    "shared_down",  # a shared expert weight
+    "topk_weight",  # the router's weights, in fp32
+])
 def test_inplace_change_after_forward_is_caught(impl, arg):
     """Saved inputs carry version counters: changing one in place before backward is PyTorch's usual error."""
     inputs = make_inputs(SMALL, seed=4)
@@ -97,7 +102,7 @@ def test_inplace_change_after_forward_is_caught(impl, arg):
         y.backward(inputs["dy"])
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS)  # reference.moe and ops.moe (the public op)
 def test_retain_graph_second_backward_gives_the_same_bits(impl):
     inputs = make_inputs(SMALL, seed=5)
     want = run_layer(inputs)
@@ -114,8 +119,11 @@ def test_retain_graph_second_backward_gives_the_same_bits(impl):
         torch.autograd.grad(y, wrt, inputs["dy"])  # the graph was freed by the second call
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("dy_requires_grad", [False, True])
+@pytest.mark.parametrize("impl", IMPLS)  # reference.moe and ops.moe (the public op)
+@pytest.mark.parametrize("dy_requires_grad", [
+    False,  # dy a constant
+    True,   # dy itself differentiable: the gradients' graph reaches it too
+])
 def test_create_graph_gives_gradients_whose_backward_raises(impl, dy_requires_grad):
     """No double backward: the gradients keep their bits but differentiating them raises (never a
     silently detached gradient)."""

@@ -37,12 +37,12 @@ def assert_raises(exc, fn, *parts):
     ("topk_idx", torch.int32),       # ids as int32
     ("topk_weight", torch.bfloat16), # weights in bf16 instead of fp32
     ("topk_weight", torch.float64),  # weights in fp64
-    ("shared_gate", torch.float32),
-    ("shared_up", torch.float32),
-    ("shared_down", torch.float32),
-    ("routed_gate", torch.float32),
-    ("routed_up", torch.float16),
-    ("routed_down", torch.float32),
+    ("shared_gate", torch.float32),  # each of the six weights named on its own: shared gate in fp32
+    ("shared_up", torch.float32),    # shared up in fp32
+    ("shared_down", torch.float32),  # shared down in fp32
+    ("routed_gate", torch.float32),  # routed gate in fp32
+    ("routed_up", torch.float16),    # routed up in fp16: the wrong 16-bit float
+    ("routed_down", torch.float32),  # routed down in fp32
 ])
 def test_wrong_dtype(inputs, name, bad):
     good = inputs[name].dtype
@@ -206,7 +206,11 @@ def test_bad_dy(inputs, make_bad, exc, parts):
     assert_raises(exc, lambda: reference.backward(ctx, make_bad(inputs["dy"])), *parts)
 
 
-@pytest.mark.parametrize("ctx", [None, "ctx", (1, 2)])
+@pytest.mark.parametrize("ctx", [
+    None,    # no ctx at all
+    "ctx",   # a str, not the Ctx object
+    (1, 2),  # a tuple, like forward's (y, ctx) passed whole
+])
 def test_backward_without_a_ctx(inputs, ctx):
     assert_raises(TypeError, lambda: reference.backward(ctx, inputs["dy"]), "ctx", "Ctx returned by",
                   type(ctx).__name__)
@@ -250,10 +254,10 @@ def test_route_bad_args(kwargs, exc, parts):
 
 
 @pytest.mark.parametrize("k, score, normalize, exc, parts", [
-    (2, "softmax", "no", TypeError, ("normalize", "a bool", "'no'")),
-    (2, "sigmoid", None, TypeError, ("normalize", "a bool", "None")),
-    (2, "relu", True, ValueError, ("score", "softmax", "'relu'")),
-    (0, "softmax", True, ValueError, ("k", "[1, E = 4]", "0")),
+    (2, "softmax", "no", TypeError, ("normalize", "a bool", "'no'")),  # a truthy string for normalize
+    (2, "sigmoid", None, TypeError, ("normalize", "a bool", "None")),  # None for normalize, with sigmoid scores
+    (2, "relu", True, ValueError, ("score", "softmax", "'relu'")),     # unknown score
+    (0, "softmax", True, ValueError, ("k", "[1, E = 4]", "0")),        # k below 1: router_forward only
 ])
 def test_router_forward_and_backward_flags(k, score, normalize, exc, parts):
     g = torch.Generator().manual_seed(1)

@@ -8,7 +8,10 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-@pytest.mark.parametrize("name", ["configs.json", "suite.json"])
+@pytest.mark.parametrize("name", [
+    "configs.json",  # the default benchmark shapes
+    "suite.json",    # public model shapes for --suite, some T not multiples of 128
+])
 def test_every_benchmark_shape_is_a_valid_fast_path_layer(name):
     configs = json.loads((BENCH / name).read_text())["configs"]
     names = [c["name"] for c in configs]
@@ -57,7 +60,7 @@ def _energy_probe():
     ("matmul", ("matmul", None, {})),                                   # the peak's 8192^3 product
     ("mok:qwen3-30b-a3b", ("mok", {"S": 0, "I": 768}, {})),               # the default rule
     ("fused:mid-64e@S0", ("fused", {"S": 0, "I": 1536}, {"MOK_FAST_FUSE_SWIGLU_BWD": "1"})),  # shared expert dropped
-    ("unfused:mid-64e", ("unfused", {"S": 1536}, {"MOK_FAST_FUSE_SWIGLU_BWD": "0"})),
+    ("unfused:mid-64e", ("unfused", {"S": 1536}, {"MOK_FAST_FUSE_SWIGLU_BWD": "0"})),  # the fusion off, S kept
     ("dense:mixtral-8x7b", ("dense", {"K": 2, "I": 14336}, {})),          # the dense-GEMM floor of the step
     ("mok:mid-64e@S0@balanced", ("mok", {"S": 0, "routing": "balanced"}, {})),  # every expert T*K/E rows
     ("mok:qwen3-30b-a3b", ("mok", {"routing": "random"}, {})),            # configs.json's routing by default

@@ -98,21 +98,37 @@ def no_workers(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, phrase", [
+    # a world size of 0
     (["diff-grads", "--world-sizes", "0"], "--world-sizes: expected ints >= 1, got 0"),
+    # W = 3 divides neither E = 4 nor T = 8 of the tiny config
     (["diff-grads", "--config", "tiny", "--world-sizes", "3"], "--world-sizes: expected divisors of both E = 4"),
+    # a zero dimension in the shape
     (["diff-grads", "--shape", "8,0,8,4,2"], "--shape: expected H >= 1, got H = 0"),
+    # a shape that is not integers
     (["diff-grads", "--shape", "a,b,c,d,e"], "--shape: expected 'T,H,I,E,K[,S]' (integers), got 'a,b,c,d,e'"),
+    # more experts per token than experts
     (["diff-grads", "--shape", "8,8,8,4,5"], "--shape: expected K <= E = 4, got K = 5"),
+    # no threads
     (["diff-grads", "--threads", "0"], "--threads: expected an int >= 1, got 0"),
+    # one run leaves nothing to compare a rerun with
     (["diff-grads", "--reruns", "1"], "--reruns: expected an int >= 2, got 1"),
+    # the same seed twice: only one distinct seed
     (["diff-grads", "--seeds", "3", "3"], "--seeds: expected at least 2 distinct seeds"),
+    # empty_expert needs K < E, here K = E = 2
     (["diff-grads", "--config", "tiny", "--routing", "empty_expert", "--shape", "8,8,8,2,2"], "--routing:"),
+    # not an int: argparse's own message, still one line
     (["diff-grads", "--world-sizes", "a"], "argument --world-sizes: invalid int value: 'a'"),
+    # cuda asked for with no GPU (skipped where one is present), in diff-grads ...
     (["diff-grads", "--device", "cuda"], "--device: expected a CUDA GPU"),
+    # ... and in verify
     (["verify", "--device", "cuda"], "--device: expected a CUDA GPU"),
+    # an unknown flag
     (["verify", "--bogus"], "unrecognized arguments: --bogus"),
+    # a golden directory that does not exist
     (["golden", "check", "--dir", "/nonexistent/golden"], "--dir: expected an existing directory"),
+    # an unknown golden action
     (["golden", "fix"], "argument action: invalid choice: 'fix'"),
+    # no command at all
     ([], "the following arguments are required: command"),
 ])
 def test_argument_errors_exit_2_with_one_line(no_workers, capsys, argv, phrase):
@@ -146,7 +162,11 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"mok {mok.__version__}"
 
 
-@pytest.mark.parametrize("module", ["tqdm", "safetensors", "numpy"])
+@pytest.mark.parametrize("module", [
+    "tqdm",         # each module of the mok[harness] extra missing in turn: the progress bars
+    "safetensors",  # the golden files' format
+    "numpy",        # the golden hashes (tensor.numpy())
+])
 def test_missing_harness_extra_exits_2(monkeypatch, capsys, module):
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
     assert main(["verify"]) == 2

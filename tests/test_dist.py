@@ -32,7 +32,11 @@ def _gather_ranks(rank, world_size, group, extra):
     return [int(t) for t in out], extra, torch.get_num_threads()
 
 
-@pytest.mark.parametrize("W", [1, 2, 3])
+@pytest.mark.parametrize("W", [
+    1,  # one worker, no process group
+    2,  # the smallest group
+    3,  # an odd world size
+])
 def test_results_in_rank_order(W):
     res = launch(_gather_ranks, ("x",), W, threads=2)
     assert res == [(list(range(W)), "x", 2)] * W
@@ -67,8 +71,8 @@ def _fail_or_wait(rank, world_size, group, how):
 @pytest.mark.parametrize("how, timeout_s, blamed, message", [
     # the cause is named, not the lost connections it causes on ranks 0 and 2
     ("raise", 600, 1, "ValueError: rank 1 has a bad argument"),
-    ("abort", 600, 1, "died from signal SIGABRT"),
-    ("exit", 600, 1, "exited with status 3 without reporting an error"),
+    ("abort", 600, 1, "died from signal SIGABRT"),  # killed by a signal: no Python error to report
+    ("exit", 600, 1, "exited with status 3 without reporting an error"),  # os._exit: gone without a word
     ("hang", 3, None, "Timed out"),  # ranks 0 and 2 give up after the collective timeout; rank 1 is killed
 ])
 def test_a_failing_worker_stops_the_run_at_once(tmp_path, monkeypatch, how, timeout_s, blamed, message):
@@ -97,9 +101,9 @@ def test_timeout_from_env_is_checked(monkeypatch):
 
 
 @pytest.mark.parametrize("W, device, threads, parts", [
-    (0, "cpu", 1, ("world_size", "int >= 1", "0")),
-    (2, "tpu", 1, ("device", "'cpu' or 'cuda'", "'tpu'")),
-    (2, "cpu", 0, ("threads", "int >= 1", "0")),
+    (0, "cpu", 1, ("world_size", "int >= 1", "0")),          # no workers
+    (2, "tpu", 1, ("device", "'cpu' or 'cuda'", "'tpu'")),  # an unknown device
+    (2, "cpu", 0, ("threads", "int >= 1", "0")),            # no threads per worker
 ])
 def test_bad_arguments_start_nothing(W, device, threads, parts):
     with pytest.raises(ValueError) as info:
@@ -107,7 +111,10 @@ def test_bad_arguments_start_nothing(W, device, threads, parts):
     assert all(p in str(info.value) for p in parts), str(info.value)
 
 
-@pytest.mark.parametrize("other_thread", [False, True], ids=["main_thread_only", "with_another_thread"])
+@pytest.mark.parametrize("other_thread", [
+    False,  # the main thread alone takes the SIGINT
+    True,   # another thread may take it (run 17's fix still leaked here)
+], ids=["main_thread_only", "with_another_thread"])
 def test_ctrl_c_while_the_launcher_makes_its_directory_leaves_none(tmp_path, monkeypatch, other_thread):
     """A SIGINT that lands inside tempfile.mkdtemp (after the directory exists, before the launcher holds its name)
     still ends in KeyboardInterrupt with the directory removed (it once leaked: CI, runs 17 and 18). With another
@@ -237,7 +244,13 @@ def _assert_all_gone(p, family: set, tmp_path: Path, temp_dirs_removed: bool = T
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c twice", "sigint to main", "sigterm", "sigkill"])
+@pytest.mark.parametrize("how", [
+    "ctrl-c",          # SIGINT to the whole process group, workers included: exit 130
+    "ctrl-c twice",    # a second SIGINT during cleanup: 130 or killed by SIGINT
+    "sigint to main",  # SIGINT to the launcher alone: it must end the workers itself
+    "sigterm",         # a polite kill: exit 143, nothing left
+    "sigkill",         # no cleanup possible: the workers still end, the temp directory stays
+])
 def test_signals_stop_every_process(tmp_path, how):
     W = 2
     marks = tmp_path / "marks"
@@ -261,7 +274,10 @@ def test_signals_stop_every_process(tmp_path, how):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig, code", [
+    (signal.SIGTERM, 143),  # SIGTERM to the CLI process alone: 128 + 15
+    (signal.SIGINT, 130),   # Ctrl-C to the process group: 128 + 2, "mok: interrupted"
+])
 def test_cli_signal_while_workers_run(tmp_path, sig, code):
     """`mok diff-grads`, interrupted while its W = 4 workers exist: exit 143 / 130 in bounded time,
     nothing left behind."""

@@ -69,15 +69,25 @@ def by_rank():
 
 
 @pytest.mark.parametrize("name, parts", [
+    # rank 1 has more tokens than rank 0 (4 against 3)
     ("T", ["ValueError", "x: expected the same tokens per rank T", "3 on rank 0, 4 on rank 1"]),
+    # rank 1's x in fp32: a bad argument on one rank only
     ("dtype", ["TypeError", "x: expected dtype torch.bfloat16, got torch.float32", "on rank 1 of the group"]),
+    # rank 1 holds one local expert, rank 0 two
     ("L", ["ValueError", "routed_gate: expected the same number of local experts L", "2 on rank 0, 1 on rank 1"]),
+    # rank 1 routes each token to one expert, rank 0 to two
     ("K", ["ValueError", "topk_idx: expected the same experts per token K", "2 on rank 0, 1 on rank 1"]),
+    # rank 1's hidden size twice rank 0's
     ("H", ["ValueError", "x: expected the same hidden size H", "8 on rank 0, 16 on rank 1"]),
+    # rank 1 without the shared expert
     ("S", ["ValueError", "shared_gate: expected the same shared intermediate size S", "4 on rank 0, 0 on rank 1"]),
+    # rank 1's expert ids all 7, past E = 4
     ("bad id", ["ValueError", "topk_idx: expected expert ids in [0, 4), got 7"]),
+    # backward: rank 1's dy in fp32
     ("dy dtype", ["TypeError", "dy: expected dtype torch.bfloat16, got torch.float32", "on rank 1 of the group"]),
+    # backward: rank 1's dy one token short
     ("dy shape", ["ValueError", "dy: expected shape (4, 8), got (3, 8)", "on rank 1 of the group"]),
+    # calls out of step: rank 1 runs backward while rank 0 runs a second forward
     ("op", ["RuntimeError", "expected every rank in the same mok call", "forward on rank 0, backward on rank 1"]),
 ])
 def test_every_rank_raises_the_same_error(by_rank, name, parts):

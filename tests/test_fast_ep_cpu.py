@@ -37,7 +37,11 @@ def test_buffer_regions_are_aligned_disjoint_and_sized(T, H, K, S, W):
     assert layout["flags"][2] == (_ep_buffer.PHASES, W)
 
 
-@pytest.mark.parametrize("value, expected", [(None, 120.0), ("5", 5.0), ("0.5", 0.5)])
+@pytest.mark.parametrize("value, expected", [
+    (None, 120.0),  # unset: the default two minutes
+    ("5", 5.0),     # an integer string
+    ("0.5", 0.5),   # a fraction of a second
+])
 def test_wait_timeout_from_the_environment(value, expected, monkeypatch):
     if value is None:
         monkeypatch.delenv(_ep_buffer.TIMEOUT_ENV, raising=False)
@@ -46,7 +50,12 @@ def test_wait_timeout_from_the_environment(value, expected, monkeypatch):
     assert _ep_buffer.timeout_s() == expected
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-3", "nan"])
+@pytest.mark.parametrize("value", [
+    "abc",  # not a number
+    "0",    # zero: no wait at all
+    "-3",   # negative
+    "nan",  # a float that compares false with everything
+])
 def test_bad_wait_timeout_names_the_variable(value, monkeypatch):
     monkeypatch.setenv(_ep_buffer.TIMEOUT_ENV, value)
     with pytest.raises(ValueError, match=f"^{_ep_buffer.TIMEOUT_ENV}: expected"):

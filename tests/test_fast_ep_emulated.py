@@ -80,7 +80,7 @@ def _world(inputs, W, via_op=False, stacked=False):
     return unshard_outputs(launch(_run, (inputs, W, via_op, stacked), W if W > 1 else 1, timeout_s=60))
 
 
-@pytest.mark.parametrize("name", list(CFGS))
+@pytest.mark.parametrize("name", list(CFGS))  # the three CFGS above: shared, sliced, no_shared
 def test_every_output_at_w2_and_w4_is_bitwise_the_w1_output(name):
     inputs = make_inputs(CFGS[name], seed=21, routing="skewed")
     want = _world(inputs, 1)
@@ -92,7 +92,10 @@ def test_every_output_at_w2_and_w4_is_bitwise_the_w1_output(name):
                 assert_bitwise_equal(got[k], want[k], f"W={W} {k}")
 
 
-@pytest.mark.parametrize("name", ["sliced", "no_shared"])
+@pytest.mark.parametrize("name", [
+    "sliced",     # the shared expert's [gate; up] halves too, S sliced across ranks
+    "no_shared",  # the routed [gate; up] halves alone
+])
 def test_gate_up_halves_of_one_tensor_give_the_same_bits_without_a_concatenation(name):
     """Gate and up passed as views into one [gate; up] tensor: forward reads them at their strides, backward's
     d_x GEMM reads the tensor itself (no concatenation), and every output is bitwise the separate tensors'."""
@@ -178,7 +181,10 @@ def test_bad_ids_on_one_rank_make_every_output_nan_on_every_rank():
         assert torch.isnan(got[k].float()).all(), k
 
 
-@pytest.mark.parametrize("name", ["shared", "no_shared"])
+@pytest.mark.parametrize("name", [
+    "shared",     # routed and shared d_a fused, all of S on every rank
+    "no_shared",  # the routed d_a alone, K = 3
+])
 def test_the_fused_swiglu_backward_switch_keeps_every_output(monkeypatch, name):
     """MOK_FAST_FUSE_SWIGLU_BWD=1 (the d_a GEMM with the SwiGLU backward in its epilogue; the emulator's
     GEMM_NN_SWIGLU_BWD) through the expert-parallel backward: every output bitwise the unfused (=0) W = 1 one."""

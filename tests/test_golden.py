@@ -50,14 +50,14 @@ def test_spec_cases_are_covered():
     assert bool((inp["topk_idx"] == 0).all())
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES)  # every golden case, by name: the reference at W = 1 gives its bits
 def test_golden_reproduced_w1(name):
     r = check_case(name, world_sizes=(1,))
     assert r.ok, r.problems
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in CASES if len(c.world_sizes) > 1], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in CASES if len(c.world_sizes) > 1], ids=lambda c: c.name)  # cases with W > 1
 def test_golden_reproduced_expert_parallel(case):
     # real gloo processes: W = 2 and/or 4 must give the very same file as W = 1
     r = check_case(case.name, world_sizes=tuple(w for w in case.world_sizes if w > 1))
@@ -126,7 +126,7 @@ def _other_seed(d: Path, name: str):
     _manifest(d, lambda m: m["cases"][name].update(sha256=manifest_entry(case, tensors)["sha256"]))
 
 
-@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("damage", DAMAGES)  # every damage of DAMAGES above: damaged files, manifests, world sizes
 def test_each_damage_fails_its_case_and_the_rest_are_checked(golden_copy, damage):
     # W = 1 here; the CLI test below runs the full check (every case's world sizes) on two damages
     make, failing, phrase = DAMAGES[damage]
@@ -139,7 +139,10 @@ def test_each_damage_fails_its_case_and_the_rest_are_checked(golden_copy, damage
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", ["flipped header byte", "world_sizes [3]"])
+@pytest.mark.parametrize("damage", [
+    "flipped header byte",  # a damaged golden file: k1 unreadable
+    "world_sizes [3]",      # a damaged manifest entry: k1's world sizes not the case list's
+])
 def test_cli_check_reports_the_damaged_case_and_exits_1(golden_copy, capsys, damage):
     DAMAGES[damage][0](golden_copy)
     assert main(["golden", "check", "--dir", str(golden_copy)]) == 1
@@ -209,7 +212,10 @@ main(["golden", "regen", "--force", "--dir", sys.argv[2]])
 """
 
 
-@pytest.mark.parametrize("victim", ["manifest.json", "t1.safetensors"])
+@pytest.mark.parametrize("victim", [
+    "manifest.json",   # killed before the new manifest takes its name: t1 already rewritten
+    "t1.safetensors",  # killed before t1's new bytes take its name: the corrupt old t1 stays
+])
 def test_kill_during_regen_leaves_the_old_files(golden_copy, capsys, victim):
     import subprocess
     import sys
@@ -244,7 +250,10 @@ def test_regen_rebuilds_an_empty_manifest(golden_copy, capsys):
 
 # ---------------------------------------------------------------- installation
 
-@pytest.mark.parametrize("argv", [["golden", "check"], ["verify"]])
+@pytest.mark.parametrize("argv", [
+    ["golden", "check"],  # the golden check reads the package's goldens
+    ["verify"],           # so does verify
+])
 def test_missing_package_goldens_are_an_installation_error(tmp_path, monkeypatch, capsys, argv):
     import mok.harness.golden as golden
 

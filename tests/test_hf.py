@@ -31,7 +31,10 @@ def _hf_block(H=64, I=32, E=8, K=2, normalize=True, seed=0, dtype=torch.float32)
     return block.to(dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [
+    torch.float32,   # fp32 master weights kept as they are
+    torch.bfloat16,  # bf16 weights, the layer's compute dtype
+])
 def test_hf_to_mok_to_hf_round_trip_is_bitwise(dtype):
     block = _hf_block(dtype=dtype)
     m = from_hf_qwen3_moe(block)
@@ -98,8 +101,8 @@ def test_mok_matches_hf_within_twice_hf_bf16_error(H, I, E, K, normalize, seed):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    (dict(shared_intermediate_size=8), "moe.shared_intermediate_size: expected 0"),
-    (dict(score="sigmoid"), "moe.score: expected 'softmax'"),
+    (dict(shared_intermediate_size=8), "moe.shared_intermediate_size: expected 0"),  # Qwen3 has no shared expert
+    (dict(score="sigmoid"), "moe.score: expected 'softmax'"),                        # Qwen3 routes by softmax only
 ])
 def test_to_hf_refuses_what_qwen3_cannot_hold(kw, msg):
     with pytest.raises(ValueError, match=msg):

@@ -344,7 +344,9 @@ def test_register_other_settings_and_bad_arguments():
 
 
 @pytest.mark.parametrize("family, features", [
+    # Qwen3's nearest kin: only the gated shared expert is missing
     ("qwen2_moe", ["a shared expert (block.shared_expert)", "a sigmoid shared-expert gate"]),
+    # the most to name: shared experts and three router features
     ("deepseek_v3", ["a shared expert (block.shared_experts)", "expert score-correction bias",
                      "group-limited top-k (n_group=2, topk_group=1)", "a routed scaling factor (2.5)"]),
     ("mixtral", ["the router MixtralTopKRouter"]),  # always-renormalising router, no norm_topk_prob

@@ -24,7 +24,10 @@ def _moe(**kw):
     (2, 3, 16),   # [B, S, H]
     (0, 16),      # no tokens
 ])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [
+    torch.float32,   # fp32 activations: y comes back in fp32
+    torch.bfloat16,  # bf16 activations: y in bf16
+])
 def test_output_shape_and_dtype(shape, dtype):
     m = _moe()
     x = torch.randn(shape).to(dtype)
@@ -122,7 +125,10 @@ def test_seeded_init_is_reproducible_and_scaled():
 
 
 @pytest.mark.parametrize("S", [0, 8])  # without / with the shared expert
-@pytest.mark.parametrize("score, normalize", [("softmax", True), ("sigmoid", False)])
+@pytest.mark.parametrize("score, normalize", [
+    ("softmax", True),   # Qwen3-style: softmax scores, top-k weights renormalised
+    ("sigmoid", False),  # sigmoid scores, raw top-k weights
+])
 def test_module_equals_functional_reference(S, score, normalize):
     """The module is the router + the reference layer: same y and weight gradients, bit for bit."""
     m = _moe(shared_intermediate_size=S, score=score, normalize=normalize, dtype=torch.bfloat16)
@@ -182,7 +188,7 @@ def test_auto_backend_on_cpu_picks_reference_and_says_so(caplog):
 
 
 @pytest.mark.parametrize("requested, expected", [
-    ("reference", "reference"),
+    ("reference", "reference"),  # asked for by name
     ("auto", "reference"),  # CPU
 ])
 def test_backend_resolution(requested, expected):
@@ -201,17 +207,17 @@ def test_auto_backend_follows_device():
 
 
 @pytest.mark.parametrize("kw, name", [
-    (dict(hidden_size=0), "hidden_size"),
-    (dict(intermediate_size=2.5), "intermediate_size"),
-    (dict(num_experts=True), "num_experts"),
+    (dict(hidden_size=0), "hidden_size"),          # a zero size
+    (dict(intermediate_size=2.5), "intermediate_size"),  # a float size
+    (dict(num_experts=True), "num_experts"),       # a bool is not an int here
     (dict(top_k=5), "top_k"),                      # K > E
-    (dict(top_k=0), "top_k"),
-    (dict(shared_intermediate_size=-1), "shared_intermediate_size"),
-    (dict(score="relu"), "score"),
-    (dict(normalize=1), "normalize"),
-    (dict(backend="triton"), "backend"),
-    (dict(recompute="yes"), "recompute"),
-    (dict(dtype=torch.float16), "dtype"),
+    (dict(top_k=0), "top_k"),                      # no experts per token
+    (dict(shared_intermediate_size=-1), "shared_intermediate_size"),  # negative (0 means no shared expert)
+    (dict(score="relu"), "score"),                 # unknown score
+    (dict(normalize=1), "normalize"),              # an int, not a bool
+    (dict(backend="triton"), "backend"),           # unknown backend
+    (dict(recompute="yes"), "recompute"),          # a truthy string, not a bool
+    (dict(dtype=torch.float16), "dtype"),          # fp16: only fp32 and bf16 weights
 ])
 def test_bad_constructor_arguments_name_the_argument(kw, name):
     with pytest.raises((ValueError, TypeError), match=f"^{name}: expected"):
@@ -219,9 +225,9 @@ def test_bad_constructor_arguments_name_the_argument(kw, name):
 
 
 @pytest.mark.parametrize("x, msg", [
-    (torch.randn(3, 15), r"x: expected shape \(\.\.\., 16\), got \(3, 15\)"),
-    (torch.randn(3, 16).half(), "x: expected dtype torch.float32 or torch.bfloat16, got torch.float16"),
-    ("tokens", "x: expected a torch.Tensor, got str"),
+    (torch.randn(3, 15), r"x: expected shape \(\.\.\., 16\), got \(3, 15\)"),  # last dim not H
+    (torch.randn(3, 16).half(), "x: expected dtype torch.float32 or torch.bfloat16, got torch.float16"),  # fp16
+    ("tokens", "x: expected a torch.Tensor, got str"),  # not a tensor
 ])
 def test_bad_input_names_x(x, msg):
     with pytest.raises((ValueError, TypeError), match=msg):
@@ -265,7 +271,10 @@ def _route64(logits, idx, score, normalize):
 
 
 @pytest.mark.parametrize("score, normalize", [
-    ("softmax", True), ("softmax", False), ("sigmoid", True), ("sigmoid", False),
+    ("softmax", True),   # each score with and without renormalisation: the quotient rule through the softmax
+    ("softmax", False),  # the softmax's own Jacobian alone
+    ("sigmoid", True),   # per-expert sigmoid, then the quotient rule
+    ("sigmoid", False),  # the sigmoid's derivative alone
 ])
 def test_route_backward_matches_float64_autograd(score, normalize):
     g = torch.Generator().manual_seed(0)

@@ -103,9 +103,13 @@ def test_moe_gate_up_is_moe_on_the_halves_with_one_gradient_per_stacked_tensor(S
 
 
 @pytest.mark.parametrize("bad, match", [
+    # an odd 2I = 7: no gate and up halves
     (dict(routed_gate_up_L2IH=torch.zeros(4, 7, 16)), "routed_gate_up_L2IH: expected 3 dimensions with an even"),
+    # 2-D: no expert dimension
     (dict(routed_gate_up_L2IH=torch.zeros(8, 16)), "routed_gate_up_L2IH: expected 3 dimensions"),
+    # the shared [gate; up] with an odd 2S = 15
     (dict(shared_gate_up_2SH=torch.zeros(15, 16)), "shared_gate_up_2SH: expected 2 dimensions with an even"),
+    # the shared [gate; up] without its down weight
     (dict(shared_down_HS=None), "shared_gate_up_2SH, shared_down_HS: expected both tensors or both None"),
 ])
 def test_moe_gate_up_rejects_a_stacked_tensor_it_cannot_split(bad, match):

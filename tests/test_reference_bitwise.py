@@ -201,8 +201,8 @@ def test_cpu_vs_cuda(cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
-@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])  # softmax: a row-wide sum; sigmoid: one exp per expert
+@pytest.mark.parametrize("normalize", [True, False])  # the top-k weights renormalised by their sum / the raw scores
 def test_route_cpu_vs_cuda(score, normalize):
     logits = torch.randn(4096, 64, generator=torch.Generator().manual_seed(0)) * 3
     idx, w = route(logits, 6, score=score, normalize=normalize)
@@ -213,8 +213,8 @@ def test_route_cpu_vs_cuda(score, normalize):
 
 # ---------------------------------------------------------------- route
 
-@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
-@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])  # softmax: a row-wide sum; sigmoid: one exp per expert
+@pytest.mark.parametrize("normalize", [True, False])  # the top-k weights renormalised by their sum / the raw scores
 def test_route_one_vs_two_threads(threads, score, normalize):
     logits = torch.randn(4096, 64, generator=torch.Generator().manual_seed(0)) * 3
     threads(1)
@@ -225,7 +225,7 @@ def test_route_one_vs_two_threads(threads, score, normalize):
     assert_bitwise_equal(w2, w, "topk_weight 2 threads vs 1")
 
 
-@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])  # either score: ties to the lower id, equal weights
 @pytest.mark.parametrize("row, k, expected", [
     ([1.0, 3.0, 3.0, 0.0, 3.0], 2, [1, 2]),   # three-way tie for first: lowest two ids
     ([3.0, 3.0, 3.0, 3.0], 4, [0, 1, 2, 3]),  # all equal, K = E: ascending ids
@@ -258,8 +258,8 @@ def _route_float64(logits: torch.Tensor, score: str):
 # - normalize: picked weights divided by their tree sum: add the largest picked bound and
 #   (ceil(log2 k) + 1) u. Measured on these fixed inputs: at most 0.73 of this bound.
 # Picks: every picked float64 score >= every unpicked one, up to the same bound (fp32 ties).
-@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
-@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])  # softmax: a row-wide sum; sigmoid: one exp per expert
+@pytest.mark.parametrize("normalize", [True, False])  # the top-k weights renormalised by their sum / the raw scores
 @pytest.mark.parametrize("E, k, scale", [
     (1, 1, 1.0),    # one expert: weight 1 (softmax) or sigmoid(l)
     (8, 2, 1.0),    # typical

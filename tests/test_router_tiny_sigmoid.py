@@ -24,7 +24,12 @@ def _logits():
 TINY_ROWS, FORMULA_ROWS = (1, 3, 4), (0, 2, 5)
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 5])
+@pytest.mark.parametrize("k", [
+    1,  # one pick: the weight 1
+    2,  # 1/2, exact
+    3,  # 1/3, rounded: still the same bits in each of the k places
+    5,  # K = E: every expert picked, +0 scores included
+])
 def test_all_tiny_rows_get_uniform_weights(k):
     idx, w = route(_logits(), k, score="sigmoid", normalize=True)
     assert not bool(torch.isnan(w).any())

@@ -76,10 +76,10 @@ def test_world_size_must_divide_micro_batches(example):
 @pytest.mark.parametrize("kw, W, parts", [
     (dict(n_micro=3), 2, ("world_size", "n_micro = 3", "got 2")),   # W does not divide the micro-batches
     (dict(experts=3), 2, ("world_size", "experts = 3", "got 2")),   # nor the experts
-    ({}, 0, ("world_size", "int >= 1", "got 0")),
-    (dict(steps=0), 1, ("steps", "int >= 1", "got 0")),
-    (dict(heads=3), 1, ("heads", "divisor of hidden = 32", "got 3")),
-    (dict(device="cuda"), 2, ("world_size", "gloo on the CPU", "'cuda'")),
+    ({}, 0, ("world_size", "int >= 1", "got 0")),                    # no processes at all
+    (dict(steps=0), 1, ("steps", "int >= 1", "got 0")),              # nothing to train
+    (dict(heads=3), 1, ("heads", "divisor of hidden = 32", "got 3")),  # heads that do not split the hidden size
+    (dict(device="cuda"), 2, ("world_size", "gloo on the CPU", "'cuda'")),  # W > 1 runs gloo on the CPU only
 ])
 def test_run_checks_settings_before_starting_processes(example, monkeypatch, kw, W, parts):
     def no_launch(*a, **k):

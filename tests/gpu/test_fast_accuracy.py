@@ -37,13 +37,13 @@ def test_golden_case(name):
 
 
 EDGE = [
-    ("T=1", MoEConfig(T=1, H=64, I=32, E=4, K=2, S=16), "random"),
-    ("empty expert", MoEConfig(T=40, H=64, I=32, E=6, K=2, S=16), "empty_expert"),
-    ("all on one expert", MoEConfig(T=64, H=64, I=32, E=4, K=1, S=0), "one_expert"),
-    ("K=E", MoEConfig(T=33, H=64, I=32, E=4, K=4, S=16), "random"),
-    ("no shared", MoEConfig(T=64, H=128, I=64, E=8, K=2, S=0), "random"),
-    ("T=37", MoEConfig(T=37, H=96, I=48, E=8, K=3, S=24), "random"),
-    ("skewed, multi-tile", MoEConfig(T=300, H=512, I=320, E=8, K=2, S=128), "skewed"),
+    ("T=1", MoEConfig(T=1, H=64, I=32, E=4, K=2, S=16), "random"),  # one token: two experts of four empty
+    ("empty expert", MoEConfig(T=40, H=64, I=32, E=6, K=2, S=16), "empty_expert"),  # expert 5 gets no rows
+    ("all on one expert", MoEConfig(T=64, H=64, I=32, E=4, K=1, S=0), "one_expert"),  # one group, three empty
+    ("K=E", MoEConfig(T=33, H=64, I=32, E=4, K=4, S=16), "random"),  # every token on every expert
+    ("no shared", MoEConfig(T=64, H=128, I=64, E=8, K=2, S=0), "random"),  # S = 0: routed experts alone
+    ("T=37", MoEConfig(T=37, H=96, I=48, E=8, K=3, S=24), "random"),  # odd T, K = 3: ragged groups, partial tiles
+    ("skewed, multi-tile", MoEConfig(T=300, H=512, I=320, E=8, K=2, S=128), "skewed"),  # expert 0 > 128 rows
 ]
 
 

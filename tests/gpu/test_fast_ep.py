@@ -38,8 +38,12 @@ def _assert_same(got: dict, want: dict, label: str) -> None:
             assert_bitwise_equal(got[k], want[k], f"{label}: {k}")
 
 
-@pytest.mark.parametrize("name", list(CFGS))
-@pytest.mark.parametrize("W", [2, 4, 8])
+@pytest.mark.parametrize("name", list(CFGS))  # the three CFGS above: shared, no_shared, shared_whole
+@pytest.mark.parametrize("W", [
+    2,  # the smallest world: half the experts on each rank
+    4,  # four ranks: two experts each where E = 8
+    8,  # eight ranks: one expert each where E = 8, 17 tokens each for no_shared
+])
 def test_every_output_is_bitwise_the_w1_output(name, W):
     cfg = CFGS[name]
     inputs = make_inputs(cfg, seed=11, routing="skewed")
@@ -64,7 +68,10 @@ def test_100_reruns_are_bitwise_identical_at_w2():
     assert launch(_reruns, (inputs, 100), 2, device="cuda") == [100, 100]
 
 
-@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("W", [
+    2,  # two ranks, eight of the 16 experts each
+    4,  # four ranks, four experts each: more of each token's K = 4 experts remote
+])
 def test_within_twice_plain_bf16_error_of_the_reference(W):
     inputs = make_inputs(CFGS["shared"], seed=13)
     got = unshard_outputs(run_world(inputs, W, impl="fast", device="cuda"))

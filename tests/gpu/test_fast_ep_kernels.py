@@ -63,7 +63,11 @@ def test_gather_rows_from_w_regions_is_the_ref(W, T, K, H, div_by_k):
     assert_bitwise_equal(out, want, "gathered rows")
 
 
-@pytest.mark.parametrize("W, T, K, H", [(2, 8, 2, 16), (4, 5, 3, 64), (8, 16, 4, 128)])
+@pytest.mark.parametrize("W, T, K, H", [
+    (2, 8, 2, 16),     # two regions, H = 16: two 16-byte vectors per row
+    (4, 5, 3, 64),     # odd T and K
+    (8, 16, 4, 128),   # W = 8
+])
 def test_scatter_rows_into_w_regions_is_the_ref(W, T, K, H):
     g = torch.Generator().manual_seed(W * 7 + K)
     per_rank = T * K

@@ -43,7 +43,10 @@ def _context(cfg, seed, wide: bool):
 
 
 @pytest.mark.parametrize("cfg", SHAPES, ids=["mid", "few_large", "many_small"])
-@pytest.mark.parametrize("wide", [False, True], ids=["layer_values", "wide_preacts"])
+@pytest.mark.parametrize("wide", [
+    False,  # the layer's own pre-activations
+    True,   # [g | u] overwritten: sigmoid saturated both ways, and +-inf
+], ids=["layer_values", "wide_preacts"])
 def test_fused_epilogue_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg, wide):
     ctx, dy, go_RH = _context(cfg, 3, wide)
     rd, sd = ctx.weights[2], ctx.weights[5]
@@ -92,7 +95,7 @@ def test_the_library_refuses_a_fused_launch_without_its_input():
         _launch_directly(seg, 0)
 
 
-@pytest.mark.parametrize("cfg", SHAPES[::2], ids=["mid", "many_small"])
+@pytest.mark.parametrize("cfg", SHAPES[::2], ids=["mid", "many_small"])  # SHAPES 0 and 2: both have a shared expert
 def test_the_switch_keeps_every_output_of_the_layer(monkeypatch, cfg):
     inputs = make_inputs(cfg, 5, device="cuda")
 

@@ -47,7 +47,10 @@ def _prepared(cfg, seed, wide):
 
 
 @pytest.mark.parametrize("cfg", SHAPES, ids=IDS)
-@pytest.mark.parametrize("wide", [False, True], ids=["layer_values", "wide_preacts"])
+@pytest.mark.parametrize("wide", [
+    False,  # the layer's own inputs
+    True,   # x scaled by 30, some rows +-3e38: sigmoid saturated both ways, [g | u] overflowing to +-inf
+], ids=["layer_values", "wide_preacts"])
 def test_fused_gate_up_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg, wide):
     inputs, d, sched, x_RH = _prepared(cfg, 3, wide)
     w = [inputs[k] for k in ("routed_gate", "routed_up", "shared_gate", "shared_up")]
@@ -71,7 +74,11 @@ def test_fused_gate_up_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg,
         assert torch.isinf(gu[:placed]).any() and (a[:placed].float().abs() > 1e3).any()
 
 
-@pytest.mark.parametrize("cfg", [SHAPES[0], SHAPES[2], SHAPES[4]], ids=["mid_shared", "many_small", "partial_shared"])
+@pytest.mark.parametrize("cfg", [
+    SHAPES[0],  # shared expert, T % 128 != 0
+    SHAPES[2],  # many small experts, some empty
+    SHAPES[4],  # neither tile half splits I nor S
+], ids=["mid_shared", "many_small", "partial_shared"])
 def test_the_switch_keeps_every_output_of_the_layer(monkeypatch, cfg):
     inputs = with_stacked_gate_up(make_inputs(cfg, 5, device="cuda"))
     monkeypatch.delenv(_tiles.ENV, raising=False)
@@ -107,7 +114,7 @@ def test_the_library_refuses_what_the_fused_kernel_cannot_do(n, aux, match):
         _launch(_lib.GEMM_TN_SWIGLU_FWD, seg, variant=0)
 
 
-@pytest.mark.parametrize("variant", range(_lib.NUM_GEMM_VARIANTS))
+@pytest.mark.parametrize("variant", range(_lib.NUM_GEMM_VARIANTS))  # every tile variant: halves of 96 or 128
 def test_a_last_tile_past_i_stores_nothing_past_it(variant):
     """I = 136: the last tile's halves (96 or 128 columns) run past I, its gate half into up's rows of B and its up
     half past B's last row. Nothing may land in the padding columns of [g | u] or of a (NaN before, NaN after), and

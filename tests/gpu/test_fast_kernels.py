@@ -374,11 +374,11 @@ def test_cast_pair_bf16_matches_torch_bits(lead, n, H, misalign):
 
 
 @pytest.mark.parametrize("arg, make, err, match", [
-    ("first", lambda f, s, o: (f.double(), s, o), TypeError, "first: expected dtype torch.float32"),
-    ("second", lambda f, s, o: (f, s[:1], o), ValueError, "second: expected shape"),
-    ("out", lambda f, s, o: (f, s, o.view(2, 4, 16)), ValueError, "out: expected shape"),
-    ("out", lambda f, s, o: (f, s, o.float()), TypeError, "out: expected dtype torch.bfloat16"),
-    ("first", lambda f, s, o: (f.transpose(1, 2), s, o), ValueError, "first: expected a contiguous tensor"),
+    ("first", lambda f, s, o: (f.double(), s, o), TypeError, "first: expected dtype torch.float32"),  # fp64 input
+    ("second", lambda f, s, o: (f, s[:1], o), ValueError, "second: expected shape"),  # second not first's shape
+    ("out", lambda f, s, o: (f, s, o.view(2, 4, 16)), ValueError, "out: expected shape"),  # out not [..., 2n, H]
+    ("out", lambda f, s, o: (f, s, o.float()), TypeError, "out: expected dtype torch.bfloat16"),  # fp32 out
+    ("first", lambda f, s, o: (f.transpose(1, 2), s, o), ValueError, "first: expected a contiguous tensor"),  # strided
 ])
 def test_cast_pair_bf16_bad_input_names_the_argument(arg, make, err, match):
     f = torch.zeros(2, 4, 8, device="cuda")

@@ -73,7 +73,10 @@ def test_loss_gradients_scale_with_the_incoming_gradients():
     torch.testing.assert_close(d_l, d_l1 * 4, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("score", [
+    "softmax",  # scores normalised over all experts: a row-wide sum
+    "sigmoid",  # per-expert scores: each on its own
+])
 def test_reruns_are_bitwise_identical(score):
     scores, logits, idx = _routing(3000, 128, 8, score)
     d = torch.tensor(0.37, device="cuda"), torch.tensor(-1.5, device="cuda")

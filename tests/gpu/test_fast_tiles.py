@@ -81,7 +81,7 @@ def test_bad_tile_order_is_an_error_naming_the_variable(monkeypatch, var, value)
 ROW_COUNTS = [1, 63, 64, 65, 127, 128, 129, 200]
 
 
-@pytest.mark.parametrize("variant", range(_lib.NUM_GEMM_VARIANTS))
+@pytest.mark.parametrize("variant", range(_lib.NUM_GEMM_VARIANTS))  # every tile variant, cooperative and ping-pong
 @pytest.mark.parametrize("kind", ["GEMM_TN_BF16", "GEMM_NN_F32"])  # forward-style and d_a/d_x-style operands
 def test_a_groups_rows_do_not_depend_on_its_row_count(kind, variant):
     """Every row of groups of 1 to 200 rows is computed (against the float64 product), and each group's rows come out
