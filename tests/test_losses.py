@@ -42,3 +42,120 @@ def test_log_exact_accuracy_and_nan():
     got = losses.log_exact_ge1(x).double()
     torch.testing.assert_close(got, x.double().log(), rtol=2e-7, atol=0)
     assert torch.isnan(losses.log_exact_ge1(torch.tensor([float("nan")]))).all()
+
+
+# ---------------------------------------------------------------- mok.router_losses: bad arguments
+
+
+def _routing(T=6, E=4, K=2, score="softmax"):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(T, E, generator=g)
+    idx, _ = reference.route(logits, K, score=score)
+    return reference.router_scores(logits, score), logits, idx
+
+
+def _with(idx, r, c, v):
+    idx = idx.clone()
+    idx[r, c] = v
+    return idx
+
+
+@pytest.mark.parametrize("change, exc, match", [
+    # an unknown score: was computed as sigmoid
+    (dict(score="relu"), ValueError, r"^score: expected one of \('softmax', 'sigmoid'\), got 'relu'"),
+    # no score: was sigmoid too
+    (dict(score=None), ValueError, r"^score: expected one of .*, got None"),
+    # the module's "auto" is not an op backend
+    (dict(backend="auto"), ValueError, r"^backend: expected one of \('reference', 'fast'\)"),
+    # bf16 scores: the fast kernels read fp32
+    (dict(scores=lambda s: s.bfloat16()), TypeError, "^scores: expected dtype torch.float32, got torch.bfloat16"),
+    # fp64 scores
+    (dict(scores=lambda s: s.double()), TypeError, "^scores: expected dtype torch.float32, got torch.float64"),
+    # bf16 logits
+    (dict(logits=lambda l: l.bfloat16()), TypeError, "^logits: expected dtype torch.float32, got torch.bfloat16"),
+    # int32 ids
+    (dict(topk_idx=lambda i: i.int()), TypeError, "^topk_idx: expected dtype torch.int64, got torch.int32"),
+    # float ids
+    (dict(topk_idx=lambda i: i.float()), TypeError, "^topk_idx: expected dtype torch.int64, got torch.float32"),
+    # scores as a list
+    (dict(scores=lambda s: s.tolist()), TypeError, "^scores: expected a torch.Tensor, got list"),
+    # no ids
+    (dict(topk_idx=None), TypeError, "^topk_idx: expected a torch.Tensor, got NoneType"),
+    # 1-D scores
+    (dict(scores=lambda s: s[0]), ValueError, r"^scores: expected 2 dimensions \[T, E\] with E >= 1, got shape \(4,\)"),
+    # no experts: E = 0
+    (dict(scores=lambda s: s[:, :0], logits=lambda l: l[:, :0]), ValueError, "^scores: .*E >= 1"),
+    # logits for fewer tokens than scores: was accepted
+    (dict(logits=lambda l: l[:3]), ValueError,
+     r"^logits: expected shape \(6, 4\) \(the shape of scores\), got \(3, 4\)$"),
+    # scores with fewer experts than logits
+    (dict(scores=lambda s: s[:, :3]), ValueError, r"^logits: expected shape \(6, 3\)"),
+    # ids of another batch (wrong T): was accepted
+    (dict(topk_idx=lambda i: i[:2]), ValueError, r"^topk_idx: expected shape \(6, K\) .*, got \(2, 2\)"),
+    # K = 0
+    (dict(topk_idx=lambda i: i[:, :0]), ValueError, r"^topk_idx: .*1 <= K <= E = 4, got \(6, 0\)"),
+    # 1-D ids
+    (dict(topk_idx=lambda i: i[:, 0]), ValueError, r"^topk_idx: expected shape \(6, K\)"),
+    # id = E, one past the end: a raw RuntimeError before
+    (dict(topk_idx=lambda i: _with(i, 0, 1, 4)), ValueError, r"^topk_idx: .*\[0, 4\), got 4 at index \(0, 1\)"),
+    # a negative id
+    (dict(topk_idx=lambda i: _with(i, 3, 1, -1)), ValueError, r"^topk_idx: .*\[0, 4\), got -1 at index \(3, 1\)"),
+    # logits on meta, scores real: the fake kernel's empty outputs before
+    (dict(logits=lambda l: l.to("meta")), ValueError,
+     r"^logits: expected device cpu \(the device of scores\), got meta"),
+    # ids on meta
+    (dict(topk_idx=lambda i: i.to("meta")), ValueError, r"^topk_idx: expected device cpu \(the device of scores\)"),
+])
+def test_router_losses_checks_every_argument(change, exc, match):
+    from mok.nn import ops
+
+    scores, logits, idx = _routing()
+    args = {"scores": scores, "logits": logits, "topk_idx": idx}
+    kw = {}
+    for k, v in change.items():
+        if k in args:
+            args[k] = v(args[k]) if callable(v) else v
+        else:
+            kw[k] = v
+    with pytest.raises(exc, match=match):
+        ops.router_losses(args["scores"], args["logits"], args["topk_idx"], **kw)
+
+
+def test_router_losses_accepts_no_tokens_and_all_meta():
+    """T = 0 gives zeros; all-meta tensors (shape inference) go to the fake implementation."""
+    from mok.nn import ops
+
+    scores, logits, idx = _routing()
+    lb, z = ops.router_losses(scores[:0], logits[:0], idx[:0])
+    assert lb.item() == 0 and z.item() == 0
+    lb, z = ops.router_losses(scores.to("meta"), logits.to("meta"), idx.to("meta"))
+    assert lb.is_meta and z.is_meta
+
+
+def test_fast_router_losses_are_nan_for_bad_ids_without_reading_them(monkeypatch):
+    """The fast backend (its kernels skip ids outside [0, E)) checks ids on the device, as the fast layer does: every
+    output, forward and backward, NaN for a bad id, without a host synchronisation; the same bits for good ids.
+    Emulated on the CPU by a stand-in backend."""
+    from types import SimpleNamespace
+
+    from mok.nn import ops, router_ops
+
+    fake = SimpleNamespace(router_losses=losses.router_losses, router_losses_backward=losses.router_losses_backward)
+    monkeypatch.setattr(router_ops, "_impl", lambda backend: fake)
+    scores, logits, idx = _routing()
+    for ids, bad in ((idx, False), (_with(idx, 2, 0, 4), True), (_with(idx, 5, 1, -1), True)):
+        s, l = scores.clone().requires_grad_(), logits.clone().requires_grad_()
+        if bad:  # the stand-in would index out of range: the counts of the good ids, so the NaN is the check's
+            fake.router_losses = lambda sc, lg, i, score: losses.router_losses(sc, lg, i.clamp(0, 3), score)
+            fake.router_losses_backward = lambda *a: losses.router_losses_backward(*a[:4], a[4].clamp(0, 3), a[5])
+        with monkeypatch.context() as host:
+            for read in ("item", "__bool__", "tolist"):  # what a host-side check would call
+                host.setattr(torch.Tensor, read, lambda self, *a, _r=read: pytest.fail(f"{_r}: read on the host"))
+            lb, z = ops.router_losses(s, l, ids, backend="fast")
+            (lb + z).backward()
+        want = [*losses.router_losses(scores, logits, idx, "softmax")]
+        for name, t, w in (("load_balance", lb, want[0]), ("z", z, want[1]), ("d_scores", s.grad, None),
+                           ("d_logits", l.grad, None)):
+            assert torch.isnan(t).all() if bad else not torch.isnan(t).any(), name
+            if w is not None and not bad:
+                assert torch.equal(t, w), name

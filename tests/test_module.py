@@ -206,22 +206,115 @@ def test_auto_backend_follows_device():
 # ---------------------------------------------------------------- bad arguments
 
 
-@pytest.mark.parametrize("kw, name", [
-    (dict(hidden_size=0), "hidden_size"),          # a zero size
-    (dict(intermediate_size=2.5), "intermediate_size"),  # a float size
-    (dict(num_experts=True), "num_experts"),       # a bool is not an int here
-    (dict(top_k=5), "top_k"),                      # K > E
-    (dict(top_k=0), "top_k"),                      # no experts per token
-    (dict(shared_intermediate_size=-1), "shared_intermediate_size"),  # negative (0 means no shared expert)
-    (dict(score="relu"), "score"),                 # unknown score
-    (dict(normalize=1), "normalize"),              # an int, not a bool
-    (dict(backend="triton"), "backend"),           # unknown backend
-    (dict(recompute="yes"), "recompute"),          # a truthy string, not a bool
-    (dict(dtype=torch.float16), "dtype"),          # fp16: only fp32 and bf16 weights
+@pytest.mark.parametrize("kw, name, exc", [
+    (dict(hidden_size=0), "hidden_size", ValueError),          # a zero size
+    (dict(intermediate_size=2.5), "intermediate_size", TypeError),  # a float size: a wrong type
+    (dict(intermediate_size=2.0), "intermediate_size", TypeError),  # an integral float is still a float
+    (dict(hidden_size="8"), "hidden_size", TypeError),         # a size as a string
+    (dict(num_experts=True), "num_experts", TypeError),        # a bool is not an int here
+    (dict(top_k=5), "top_k", ValueError),                      # K > E
+    (dict(top_k=0), "top_k", ValueError),                      # no experts per token
+    (dict(top_k=None), "top_k", TypeError),                    # no K
+    (dict(shared_intermediate_size=-1), "shared_intermediate_size", ValueError),  # negative (0: no shared expert)
+    (dict(shared_intermediate_size=0.5), "shared_intermediate_size", TypeError),  # a float S
+    (dict(score="relu"), "score", ValueError),                 # unknown score
+    (dict(normalize=1), "normalize", TypeError),               # an int, not a bool
+    (dict(backend="triton"), "backend", ValueError),           # unknown backend
+    (dict(recompute="yes"), "recompute", TypeError),           # a truthy string, not a bool
+    (dict(dtype=torch.float16), "dtype", TypeError),           # fp16: only fp32 and bf16 weights
 ])
-def test_bad_constructor_arguments_name_the_argument(kw, name):
-    with pytest.raises((ValueError, TypeError), match=f"^{name}: expected"):
+def test_bad_constructor_arguments_name_the_argument(kw, name, exc):
+    """TypeError for a wrong type, ValueError for a wrong value (docs/bad_input.md), as PyTorch does."""
+    with pytest.raises(exc, match=f"^{name}: expected"):
         _moe(**kw)
+
+
+@pytest.mark.parametrize("value", [
+    "no",   # a truthy string: losses were returned
+    1,      # an int
+    None,   # None: was taken as False
+])
+def test_return_router_losses_must_be_a_bool(value):
+    with pytest.raises(TypeError, match=f"^return_router_losses: expected a bool, got {value!r}$"):
+        _moe()(torch.randn(3, 16), return_router_losses=value)
+
+
+@pytest.mark.parametrize("call", [
+    "forward",  # y from uninitialised memory before
+    "route",    # garbage expert ids before
+])
+def test_meta_parameters_with_real_x_say_to_materialise_first(call):
+    m = mok.MoE(16, 8, 4, 2, shared_intermediate_size=8, device="meta")
+    with pytest.raises(ValueError, match=r"^x: expected device meta .* got cpu: .*to_empty\(device=...\) then "
+                                         r"reset_parameters\(\)"):
+        getattr(m, call)(torch.randn(4, 16))
+
+
+@pytest.mark.parametrize("call", [
+    "forward",          # the whole layer
+    "route",            # the router alone
+    "compute_experts",  # the experts alone
+])
+def test_x_on_another_device_than_the_parameters(call):
+    m = _moe()
+    x = torch.randn(4, 16, device="meta")
+    args = (x, torch.zeros(4, 2, dtype=torch.int64), torch.ones(4, 2)) if call == "compute_experts" else (x,)
+    with pytest.raises(ValueError, match=r"^x: expected device cpu \(the device of the module's parameters\), "
+                                         r"got meta$"):
+        getattr(m, call)(*args)
+
+
+def test_all_meta_module_gives_shapes():
+    """A meta-built module on meta x (shape inference) still works: meta outputs of the right shapes."""
+    m = mok.MoE(16, 8, 4, 2, shared_intermediate_size=8, device="meta")
+    y, rl = m(torch.empty(2, 3, 16, device="meta"), return_router_losses=True)
+    assert y.is_meta and y.shape == (2, 3, 16) and rl.z.is_meta
+    r = m.route(torch.empty(5, 16, device="meta"))
+    assert r.topk_idx.is_meta and r.topk_idx.shape == (5, 2)
+
+
+@pytest.mark.parametrize("x, exc, match", [
+    (torch.randn(4, 15), ValueError, r"^x: expected shape \(\.\.\., 16\), got \(4, 15\)$"),  # wrong H: blamed weight
+    (torch.randn(2, 4, 16), ValueError, r"^x: expected 2 dimensions \[T, 16\], got shape \(2, 4, 16\)$"),  # [B, T, H]
+    (torch.randn(4, 16).double(), TypeError, "^x: expected dtype torch.float32 or torch.bfloat16"),  # fp64 tokens
+    ([[0.0] * 16], TypeError, "^x: expected a torch.Tensor, got list"),  # not a tensor
+])
+def test_route_checks_x(x, exc, match):
+    with pytest.raises(exc, match=match):
+        _moe().route(x)
+
+
+@pytest.mark.parametrize("generator, actual", [
+    ("x", "str 'x'"),  # a string: AttributeError before
+    (0, "int 0"),      # a seed instead of a generator
+])
+def test_reset_parameters_generator_must_be_a_generator(generator, actual):
+    with pytest.raises(TypeError, match=f"^generator: expected a torch.Generator or None, got {actual}$"):
+        _moe().reset_parameters(generator=generator)
+    with pytest.raises(TypeError, match="^generator: "):  # also on meta, where nothing is drawn
+        mok.MoE(16, 8, 4, 2, device="meta").reset_parameters(generator=generator)
+
+
+@pytest.mark.parametrize("gate_key, up_key, gate_shape, up_shape", [
+    # mok 0.2 routed pair with I 7 and 9: 7 + 9 = 2 * 8 stacked into a wrong gate/up split before
+    ("w_gate_LIH", "w_up_LIH", (4, 7, 16), (4, 9, 16)),
+    # routed pair with different H: a raw torch.cat error before
+    ("w_gate_LIH", "w_up_LIH", (4, 8, 16), (4, 8, 15)),
+    # the shared pair with S 6 and 10
+    ("w_shared_gate_SH", "w_shared_up_SH", (6, 16), (10, 16)),
+])
+def test_an_old_checkpoint_with_gate_and_up_of_different_shapes_is_refused(gate_key, up_key, gate_shape, up_shape):
+    old = dict(_moe().state_dict())
+    for stacked, (gate, up), dim in _PAIRS:
+        old[gate], old[up] = (t.clone() for t in old.pop(stacked).chunk(2, dim))
+    old[gate_key], old[up_key] = torch.zeros(gate_shape), torch.zeros(up_shape)
+    m = _moe()
+    before = [p.clone() for p in m.parameters()]
+    with pytest.raises(ValueError, match=rf"^{gate_key}, {up_key}: expected a gate and an up weight of one shape, "
+                                         rf"got \({', '.join(map(str, gate_shape))},?\) and"):
+        m.load_state_dict(old)
+    for p, q in zip(m.parameters(), before, strict=True):
+        assert torch.equal(p, q)  # nothing loaded
 
 
 @pytest.mark.parametrize("x, msg", [

@@ -237,3 +237,128 @@ def test_tensor_subclasses_take_the_registered_ops():
         fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
         y = ops.moe(*fake)
     assert type(y).__name__ == "FakeTensor" and y.shape == args[0].shape
+
+
+# ---------------------------------------------------------------- bad arguments of the functional ops
+
+
+def _router_inputs(T=6, H=16, E=4):
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(T, H, generator=g), torch.randn(E, H, generator=g)
+
+
+def _meta(args, i):
+    """args with the tensor at position i moved to the meta device."""
+    out = list(args)
+    out[i] = out[i].to("meta")
+    return out
+
+
+@pytest.mark.parametrize("i, name", [
+    (1, "topk_idx"),     # ids on meta: the fake kernel would hand back uninitialised memory as y
+    (2, "topk_weight"),  # routing weights elsewhere
+    (3, "shared_gate"),  # a shared weight elsewhere
+    (6, "routed_gate"),  # an expert weight on meta
+    (8, "routed_down"),  # the last argument checked too
+])
+def test_moe_refuses_tensors_on_another_device_than_x(i, name):
+    args, _ = _layer_args(8)
+    with pytest.raises(ValueError, match=rf"^{name}: expected device cpu \(the device of x\), got meta$"):
+        ops.moe(*_meta(args, i))
+
+
+def test_moe_with_x_alone_on_meta_names_the_first_other_tensor():
+    args, _ = _layer_args(8)
+    with pytest.raises(ValueError, match=r"^topk_idx: expected device meta \(the device of x\), got cpu$"):
+        ops.moe(*_meta(args, 0))
+
+
+@pytest.mark.parametrize("name", [
+    "routed_gate_up_L2IH",  # the stacked expert weight on meta
+    "shared_down",          # the shared down weight on meta
+])
+def test_moe_gate_up_refuses_tensors_on_another_device_than_x(name):
+    args, _ = _layer_args(8)
+    x, idx, w, sg, su, sd, rg, ru, rd = args
+    kw = dict(shared_gate_up_2SH=torch.cat([sg, su]).detach(), shared_down=sd.detach(),
+              routed_gate_up_L2IH=torch.cat([rg, ru], 1).detach(), routed_down=rd)
+    kw[name] = kw[name].to("meta")
+    with pytest.raises(ValueError, match=rf"^{name}: expected device cpu \(the device of x\), got meta$"):
+        ops.moe_gate_up(x, idx, w, kw["shared_gate_up_2SH"], kw["shared_down"], kw["routed_gate_up_L2IH"],
+                        kw["routed_down"])
+
+
+@pytest.mark.parametrize("moved, name, expected", [
+    ("weight", "weight", "cpu"),  # the gate weight on meta: garbage ids before
+    ("x", "weight", "meta"),      # x alone on meta: the weight differs from x
+])
+def test_router_refuses_tensors_on_different_devices(moved, name, expected):
+    x, w = _router_inputs()
+    args = {"x": x, "weight": w}
+    args[moved] = args[moved].to("meta")
+    with pytest.raises(ValueError, match=rf"^{name}: expected device {expected} \(the device of x\)"):
+        ops.router(args["x"], args["weight"], 2)
+
+
+def test_all_meta_calls_still_give_shapes():
+    """Meta-device shape inference (every tensor on meta) goes to the fake implementations, as before."""
+    x, w = (t.to("meta") for t in _router_inputs())
+    idx, tw, sc, lg = ops.router(x, w, 2)
+    assert idx.is_meta and idx.shape == (6, 2) and sc.shape == (6, 4)
+    lb, z = ops.router_losses(sc, lg, idx)
+    assert lb.is_meta and lb.shape == () and z.shape == ()
+    args, _ = _layer_args(8)
+    meta = [a.detach().to("meta") for a in args]
+    assert ops.moe(*meta).is_meta
+    x, idx, tw, sg, su, sd, rg, ru, rd = meta
+    y = ops.moe_gate_up(x, idx, tw, torch.cat([sg, su]), sd, torch.cat([rg, ru], 1), rd)
+    assert y.is_meta and y.shape == x.shape
+
+
+@pytest.mark.parametrize("backend", [
+    "reference",  # checked before the reference's own checks
+    "fast",       # the fast path checks none of these (score "relu" would be sigmoid, k=True K = 1): refused first
+])
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(score="relu"), ValueError, r"^score: expected one of \('softmax', 'sigmoid'\), got 'relu'"),  # bad score
+    (dict(score=None), ValueError, "^score: expected one of"),               # no score
+    (dict(k=True), TypeError, r"^k: expected an int in \[1, E = 4\], got bool True"),  # a bool for k
+    (dict(k=2.0), TypeError, "^k: expected an int .* got float 2.0"),        # a float k
+    (dict(k=0), ValueError, r"^k: expected an int in \[1, E = 4\], got 0"),  # k below 1
+    (dict(k=5), ValueError, r"^k: expected an int in \[1, E = 4\], got 5"),  # k above E
+    (dict(normalize=1), TypeError, "^normalize: expected a bool, got 1"),    # an int for normalize
+    (dict(x=None), TypeError, "^x: expected a torch.Tensor, got NoneType"),  # no x
+    (dict(weight=[[0.0] * 16] * 4), TypeError, "^weight: expected a torch.Tensor, got list"),  # weight as a list
+    (dict(x="half"), TypeError, "^x: expected a torch.Tensor, got str"),     # a string
+    (dict(H=0), ValueError, r"^x: expected H >= 1, got shape \(6, 0\)"),     # no features: arbitrary routing before
+    (dict(x_dtype=torch.float16), TypeError, "^x: expected dtype torch.float32 or torch.bfloat16"),  # fp16 x
+    (dict(E=0), ValueError, r"^weight: expected shape \(E, 16\) with E >= 1, got \(0, 16\)"),  # no experts
+])
+def test_router_checks_every_argument_before_dispatch(backend, kw, exc, match):
+    kw = dict(kw)
+    x, w = _router_inputs(H=kw.pop("H", 16), E=kw.pop("E", 4))
+    x = x.to(kw.pop("x_dtype", x.dtype))
+    args = {"x": x, "weight": w, "k": 2, **kw}
+    with pytest.raises(exc, match=match):
+        ops.router(args.pop("x"), args.pop("weight"), args.pop("k"), backend=backend, **args)
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(x=[[0.0]]), TypeError, "^x: expected a torch.Tensor, got list"),  # x as a list: AttributeError before
+    (dict(group="g"), TypeError, "^group: expected a torch.distributed ProcessGroup or None, got str 'g'"),  # a name
+    (dict(group=0), TypeError, "^group: expected a torch.distributed ProcessGroup or None, got int 0"),  # a world size
+    (dict(routed_down=None), TypeError, "^routed_down: expected a torch.Tensor, got NoneType"),  # a missing weight
+])
+def test_moe_bad_types_name_the_argument(kw, exc, match):
+    args, _ = _layer_args(8)
+    names = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up",
+             "routed_down")
+    pos = dict(zip(names, args))
+    opts = {k: kw[k] for k in kw if k not in pos}
+    pos.update({k: v for k, v in kw.items() if k in pos})
+    with pytest.raises(exc, match=match):
+        ops.moe(*pos.values(), **opts)
+    if "group" in opts:  # the stacked form takes the same check
+        x, idx, w, sg, su, sd, rg, ru, rd = args
+        with pytest.raises(exc, match=match):
+            ops.moe_gate_up(x, idx, w, None, None, torch.cat([rg, ru], 1), rd, **opts)

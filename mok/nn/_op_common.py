@@ -35,8 +35,38 @@ def _group(group_name: Optional[str]):
 
 
 def group_name(group) -> Optional[str]:
-    """The name the ops take for a process group (None for no expert parallelism)."""
-    return None if group is None else group.group_name
+    """The name the ops take for a process group (None for no expert parallelism). TypeError naming `group` for
+    anything else than a ProcessGroup or None (a group's name, a world size, a DeviceMesh)."""
+    if group is None:
+        return None
+    pg = getattr(torch.distributed, "ProcessGroup", None) if torch.distributed.is_available() else None
+    if pg is None or not isinstance(group, pg):
+        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, got {type(group).__name__} "
+                        f"{_short(group)}")
+    return group.group_name
+
+
+def _short(v, n: int = 80) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def check_tensors(named, optional=()) -> None:
+    """Each (name, value) of `named` a torch.Tensor (None allowed for the names in `optional`): TypeError naming the
+    first that is not."""
+    for name, t in named:
+        if not isinstance(t, Tensor) and not (t is None and name in optional):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+
+
+def check_devices(named) -> None:
+    """Every tensor of the (name, tensor or None) pairs `named` on the device of the first: ValueError naming the
+    first that differs. All on meta (shape inference) or all fake (tracing) passes: only a mix is refused, which
+    would send real tensors to the ops' fake implementations or meta ones to their bodies."""
+    first, ref = named[0]
+    for name, t in named[1:]:
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{name}: expected device {ref.device} (the device of {first}), got {t.device}")
 
 
 def _impl(backend: str):

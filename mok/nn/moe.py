@@ -45,7 +45,10 @@ def _mesh_of(group):
 
 
 def _positive_int(name: str, v, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+    """TypeError for anything but an int (a bool, a float, a str), ValueError for an int below `minimum`."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name}: expected an int >= {minimum}, got {type(v).__name__} {v!r}")
+    if v < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
     return v
 
@@ -58,11 +61,16 @@ def _stack_separate_gate_up(state_dict, prefix, *args, **kwargs) -> None:
     """Load-state-dict pre-hook: a checkpoint with separate gate and up tensors (mok 0.2 and before) gets them
     stacked into the one [gate; up] tensor the module holds (dim 1 for the routed experts [L, I, H], dim 0 for the
     shared expert [S, H]). A checkpoint with only one of a pair is left as it is (load_state_dict then names the
-    missing and unexpected keys)."""
+    missing and unexpected keys). The two must have one shape (ValueError naming both keys otherwise: gate
+    [4, 7, 16] and up [4, 9, 16] would stack to the right [4, 16, 16] with the wrong rows in each half)."""
     for gate, up, stacked in _SEPARATE:
         g, u = prefix + gate, prefix + up
         if g in state_dict and u in state_dict and prefix + stacked not in state_dict:
-            a, b = state_dict.pop(g), state_dict.pop(u)
+            a, b = state_dict[g], state_dict[u]
+            if a.shape != b.shape:
+                raise ValueError(f"{g}, {u}: expected a gate and an up weight of one shape, got {tuple(a.shape)} "
+                                 f"and {tuple(b.shape)}")
+            del state_dict[g], state_dict[u]
             state_dict[prefix + stacked] = torch.cat([a, b], dim=a.dim() - 2)
 
 
@@ -178,6 +186,9 @@ class MoE(nn.Module):
             expert from its own seed (fast, different values from the CPU draw). See `mok.nn._init`.
         Meta parameters are left as they are.
         """
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__} "
+                            f"{generator!r}")
         if self.w_router_EH.device.type == "meta":
             return
         H, I, E, S, L = (self.hidden_size, self.intermediate_size, self.num_experts,
@@ -272,10 +283,31 @@ class MoE(nn.Module):
             raise TypeError(f"x: expected dtype torch.float32 or torch.bfloat16, got {x.dtype}")
         if x.dim() < 1 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"x: expected shape (..., {self.hidden_size}), got {tuple(x.shape)}")
+        self._check_device(x)
+
+    def _check_device(self, x: torch.Tensor) -> None:
+        """x on the parameters' device; parameters still on meta (built with device="meta") need a real x's
+        device given to them first."""
+        device = self.w_router_EH.device
+        if x.device == device:
+            return
+        if device.type == "meta":
+            raise ValueError(f"x: expected device meta (the device of the module's parameters), got {x.device}: "
+                             f"the parameters have no data yet; call to_empty(device=...) then reset_parameters()")
+        raise ValueError(f"x: expected device {device} (the device of the module's parameters), got {x.device}")
+
+    def _check_tokens(self, x_TH: torch.Tensor) -> None:
+        self._check_x(x_TH)
+        if x_TH.dim() != 2:
+            raise ValueError(f"x: expected 2 dimensions [T, {self.hidden_size}], got shape {tuple(x_TH.shape)}")
 
     def route(self, x_TH: torch.Tensor) -> Routing:
         """Router on [T, H] tokens (bf16, or fp32 rounded to bf16): gate logits, scores, top-k
         (`mok.reference.router_forward`, or its GPU version on the fast backend)."""
+        self._check_tokens(x_TH)
+        return self._route(x_TH)
+
+    def _route(self, x_TH: torch.Tensor) -> Routing:
         self._ensure_ready()
         return Routing(*ops.router(x_TH, self._local("w_router_EH"), self.top_k, score=self.score,
                                    normalize=self.normalize, backend=self.backend_in_use))
@@ -284,6 +316,11 @@ class MoE(nn.Module):
         """The layer (shared + routed experts) on [T, H] tokens (bf16, or fp32 rounded to bf16) with a
         given routing; y [T, H] bf16.
         With a group, T is this rank's token count (the same on every rank)."""
+        self._check_tokens(x_TH)
+        return self._compute_experts(x_TH, topk_idx_TK, topk_weight_TK)
+
+    def _compute_experts(self, x_TH: torch.Tensor, topk_idx_TK: torch.Tensor,
+                         topk_weight_TK: torch.Tensor) -> torch.Tensor:
         self._ensure_ready()
         w = [self._local(n) for n in ("w_shared_gate_up_2SH", "w_shared_down_HS", "w_gate_up_L2IH", "w_down_LHI")]
         return ops.moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, *w, group=self.group, backend=self.backend_in_use,
@@ -304,9 +341,11 @@ class MoE(nn.Module):
             y with x's shape and dtype (bf16-valued), or (y, RouterLosses).
         """
         self._check_x(x)
+        if not isinstance(return_router_losses, bool):
+            raise TypeError(f"return_router_losses: expected a bool, got {return_router_losses!r}")
         x_TH = x.reshape(-1, self.hidden_size)  # the ops round to bf16 inside: no bf16 math in the graph
-        routing = self.route(x_TH)
-        y_TH = self.compute_experts(x_TH, routing.topk_idx, routing.topk_weight)
+        routing = self._route(x_TH)
+        y_TH = self._compute_experts(x_TH, routing.topk_idx, routing.topk_weight)
         y = y_TH.view(x.shape).to(x.dtype, copy=True)  # a new tensor, not a view (FSDP2 hooks the output)
         if return_router_losses:
             return y, self.router_losses(routing)

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .. import reference
 from ._op_common import (BACKENDS, _cast_plan, _casts, _empty, _fake_casts, _group, _impl, _with_casts, apply,
-                         eager_function, group_name)
+                         check_devices, check_tensors, eager_function, group_name)
 from .router_ops import router, router_bwd, router_fwd, router_losses, router_losses_bwd, router_losses_fwd
 
 __all__ = ["moe", "moe_gate_up", "moe_fwd", "moe_bwd", "router", "router_fwd", "router_bwd", "router_losses",
@@ -201,6 +201,12 @@ def _check_layer_options(backend, recompute) -> None:
         raise TypeError(f"recompute: expected a bool, got {recompute!r}")
 
 
+def _check_layer_tensors(named, optional) -> None:
+    """Every tensor argument a torch.Tensor (None allowed for `optional`), all on x's device (`check_devices`)."""
+    check_tensors(named, optional)
+    check_devices(named)
+
+
 def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
         routed_gate_LIH, routed_up_LIH, routed_down_LHI, *, group=None, backend: str = "reference",
         recompute: bool = False) -> Tensor:
@@ -224,6 +230,9 @@ def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_
                                                                               shared_gate_SH)):
         if up is None and gate is not None:  # None would mean a stacked gate to moe_fwd: that is moe_gate_up
             raise ValueError(f"{name}: expected a tensor, got None (for one [gate; up] tensor use moe_gate_up)")
+    _check_layer_tensors(list(zip(("x", "topk_idx", "topk_weight", *_W_NAMES), (
+        x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS, routed_gate_LIH,
+        routed_up_LIH, routed_down_LHI))), optional=_W_NAMES[:3])
     out = apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
                  routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute)
     return out[0]
@@ -256,6 +265,10 @@ def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_do
     if (shared_gate_up_2SH is None) != (shared_down_HS is None):
         raise ValueError("shared_gate_up_2SH, shared_down_HS: expected both tensors or both None, got "
                          f"{type(shared_gate_up_2SH).__name__} and {type(shared_down_HS).__name__}")
+    _check_layer_tensors([("x", x_TH), ("topk_idx", topk_idx_TK), ("topk_weight", topk_weight_TK),
+                          ("shared_gate_up_2SH", shared_gate_up_2SH), ("shared_down", shared_down_HS),
+                          ("routed_gate_up_L2IH", routed_gate_up_L2IH), ("routed_down", routed_down_LHI)],
+                         optional=("shared_gate_up_2SH", "shared_down"))
     out = apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, None, shared_down_HS,
                  routed_gate_up_L2IH, None, routed_down_LHI, group_name(group), backend, recompute)
     return out[0]

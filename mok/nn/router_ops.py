@@ -11,8 +11,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..reference import SCORES
 from . import losses
-from ._op_common import BACKENDS, _cast_plan, _casts, _empty, _fake_casts, _impl, _with_casts, apply, eager_function
+from ._op_common import (_WEIGHT_DTYPES, BACKENDS, _cast_plan, _casts, _empty, _fake_casts, _impl, _with_casts, apply,
+                         check_devices, check_tensors, eager_function)
 
 
 # ---------------------------------------------------------------- router
@@ -84,6 +86,41 @@ _Router = eager_function("_Router", _router_fwd, _router_setup, lambda ctx, *g, 
                           _router_bwd)
 
 
+def _check_backend(backend) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+
+
+def _check_score(score) -> None:
+    if score not in SCORES:
+        raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
+
+
+def _check_router_args(x, weight, k, score, normalize, backend) -> None:
+    """`router`'s arguments, for both backends, before dispatch (the fast path reads score as softmax or not and k
+    as a C int, so "relu" would become sigmoid and True K = 1)."""
+    _check_backend(backend)
+    check_tensors([("x", x), ("weight", weight)])
+    for name, t in (("x", x), ("weight", weight)):
+        if t.dtype not in _WEIGHT_DTYPES:
+            raise TypeError(f"{name}: expected dtype torch.float32 or torch.bfloat16, got {t.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x: expected 2 dimensions [T, H], got shape {tuple(x.shape)}")
+    if x.shape[1] < 1:
+        raise ValueError(f"x: expected H >= 1, got shape {tuple(x.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.shape[0] < 1:
+        raise ValueError(f"weight: expected shape (E, {x.shape[1]}) with E >= 1, got {tuple(weight.shape)}")
+    check_devices([("x", x), ("weight", weight)])
+    E = weight.shape[0]
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k: expected an int in [1, E = {E}], got {type(k).__name__} {k!r}")
+    if not 1 <= k <= E:
+        raise ValueError(f"k: expected an int in [1, E = {E}], got {k}")
+    _check_score(score)
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize: expected a bool, got {normalize!r}")
+
+
 def router(x_TH: Tensor, weight_EH: Tensor, k: int, *, score: str = "softmax", normalize: bool = True,
            backend: str = "reference"):
     """Bias-free router gate + scores + top-k, differentiable, compile-safe.
@@ -98,8 +135,7 @@ def router(x_TH: Tensor, weight_EH: Tensor, k: int, *, score: str = "softmax", n
         (topk_idx [T, k] int64, topk_weight [T, k] fp32, scores [T, E] fp32, logits [T, E] fp32);
         gradients flow from topk_weight, scores and logits to x and weight.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    _check_router_args(x_TH, weight_EH, k, score, normalize, backend)
     topk_weight, topk_idx, scores, logits, *_ = apply(router_fwd, _Router, x_TH, weight_EH, k, score, normalize,
                                                        backend)
     return topk_idx, topk_weight, scores, logits
@@ -112,10 +148,35 @@ def _losses_impl(backend: str):
     return losses if backend == "reference" else _impl(backend)
 
 
+def _check_ids(topk_idx: Tensor, E: int) -> None:
+    """The reference backend's id check: ids in [0, E), else ValueError naming the first bad one (reads the values:
+    a device-to-host synchronisation on CUDA, as the reference layer's own check)."""
+    if topk_idx.numel() == 0:
+        return
+    bad = (topk_idx < 0) | (topk_idx >= E)
+    if bool(bad.any()):
+        at = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(f"topk_idx: expected expert ids in [0, {E}), got {int(topk_idx[at])} at index {at}")
+
+
+def _nan_if_bad_ids(outputs, topk_idx: Tensor, E: int) -> tuple:
+    """The fast backend's id check, on the device without a host synchronisation (CUDA-graph safe), as the fast
+    layer's: every output NaN when an id is outside [0, E) (its kernels would skip such ids, dropping them from the
+    pick counts); the outputs' bits unchanged otherwise."""
+    if topk_idx.numel() == 0:
+        return tuple(outputs)
+    lo, hi = topk_idx.aminmax()
+    bad = (lo < 0) | (hi >= E)
+    return tuple(torch.where(bad, float("nan"), t) for t in outputs)
+
+
 def _router_losses_fwd(scores: Tensor, logits: Tensor, topk_idx: Tensor, score: str,
                       backend: str) -> tuple[Tensor, Tensor]:
     """(load_balance [] fp32, z [] fp32). See `router_losses`."""
-    return _losses_impl(backend).router_losses(scores, logits, topk_idx, score)
+    if backend == "reference":
+        _check_ids(topk_idx, scores.shape[1])
+        return losses.router_losses(scores, logits, topk_idx, score)
+    return _nan_if_bad_ids(_impl(backend).router_losses(scores, logits, topk_idx, score), topk_idx, scores.shape[1])
 
 
 router_losses_fwd = torch.library.custom_op("mok::router_losses_fwd", mutates_args=())(_router_losses_fwd)
@@ -129,7 +190,8 @@ def _(scores, logits, topk_idx, score, backend):
 def _router_losses_bwd(d_balance: Tensor, d_z: Tensor, scores: Tensor, logits: Tensor, topk_idx: Tensor,
                       score: str, backend: str) -> tuple[Tensor, Tensor]:
     """(d_scores [T, E] fp32, d_logits [T, E] fp32)."""
-    return tuple(_losses_impl(backend).router_losses_backward(d_balance, d_z, scores, logits, topk_idx, score))
+    grads = _losses_impl(backend).router_losses_backward(d_balance, d_z, scores, logits, topk_idx, score)
+    return tuple(grads) if backend == "reference" else _nan_if_bad_ids(grads, topk_idx, scores.shape[1])
 
 
 router_losses_bwd = torch.library.custom_op("mok::router_losses_bwd", mutates_args=())(_router_losses_bwd)
@@ -161,6 +223,26 @@ router_losses_fwd.register_autograd(_losses_backward, setup_context=_losses_setu
 _Losses = eager_function("_Losses", _router_losses_fwd, _losses_setup, _losses_backward, _router_losses_bwd)
 
 
+def _check_losses_args(scores, logits, topk_idx, score, backend) -> None:
+    """`router_losses`' arguments: types, dtypes, shapes ([T, E], [T, E], [T, K], 1 <= K <= E), one device, score
+    and backend. The ids' values are checked where the losses are computed (`_check_ids`)."""
+    _check_backend(backend)
+    _check_score(score)
+    named = [("scores", scores), ("logits", logits), ("topk_idx", topk_idx)]
+    check_tensors(named)
+    for (name, t), dtype in zip(named, (torch.float32, torch.float32, torch.int64)):
+        if t.dtype != dtype:
+            raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if scores.dim() != 2 or scores.shape[1] < 1:
+        raise ValueError(f"scores: expected 2 dimensions [T, E] with E >= 1, got shape {tuple(scores.shape)}")
+    T, E = scores.shape
+    if logits.shape != scores.shape:
+        raise ValueError(f"logits: expected shape {(T, E)} (the shape of scores), got {tuple(logits.shape)}")
+    if topk_idx.dim() != 2 or topk_idx.shape[0] != T or not 1 <= topk_idx.shape[1] <= E:
+        raise ValueError(f"topk_idx: expected shape ({T}, K) with 1 <= K <= E = {E}, got {tuple(topk_idx.shape)}")
+    check_devices(named)
+
+
 def router_losses(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: Tensor, *, score: str = "softmax",
                   backend: str = "reference"):
     """(load-balancing loss, z-loss) of one routing, both [] fp32, deterministic.
@@ -171,6 +253,5 @@ def router_losses(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: Tensor, *, 
         backend: "reference" (`mok.nn.losses`, bit-exact) or "fast" (`mok.fast.router_losses`: one C call
             each way on the GPU, fixed-order sums, deterministic, not the reference's bits).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    _check_losses_args(scores_TE, logits_TE, topk_idx_TK, score, backend)
     return apply(router_losses_fwd, _Losses, scores_TE, logits_TE, topk_idx_TK, score, backend)
