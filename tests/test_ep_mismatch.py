@@ -1,13 +1,15 @@
-"""Expert parallelism with one rank's arguments bad or different from the others': every rank raises
-the same error, naming the argument and the ranks, at once (no rank waits in a collective for the
-group's timeout, none aborts inside gloo). One launch of 2 gloo processes runs every scenario in turn;
-the group stays usable after each error."""
+"""Expert parallelism with one rank's arguments bad or different from the others', or ranks out of step
+(one in a backward while the other runs a forward): every rank raises the same error, naming the argument
+or each rank's call and the ranks, at once (no rank waits in a collective for the group's timeout, none
+aborts inside gloo). One launch of 2 gloo processes runs every scenario in turn; the group stays usable
+after each error."""
 
 import time
 
 import pytest
 import torch
 
+import mok
 from mok import reference
 from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
 from mok.harness.dist import launch
@@ -40,8 +42,28 @@ def _scenarios(rank):
     out["dy dtype"] = (base, base["dy"].float() if one else base["dy"], "backward")
     out["dy shape"] = (base, base["dy"][:3] if one else base["dy"], "backward")
     out["op"] = (base, base["dy"], "forward then backward" if one else "forward, forward")
+    out["load_context short"] = (base, None, "load_context short" if one else "load_context")
+    out["load_context vs forward"] = (base, None, "forward, forward" if one else "load_context")
+    out["MoE backward vs forward"] = (None, None, "MoE forward, forward" if one else "MoE forward, backward")
+    out["MoE recompute"] = (None, None, "MoE recompute" if one else "MoE forward, backward")
+    out["MoE recompute, other rank"] = (None, None, "MoE forward, backward" if one else "MoE recompute")
     out["ok after errors"] = (base, base["dy"], "backward")
     return out
+
+
+def _module_step(group, what):
+    """mok.MoE over the group, 64 tokens per rank (more bytes than a pre-flight descriptor): a forward, then a
+    backward ("MoE forward, backward"), a backward with recompute=True ("MoE recompute"), or a second
+    forward in place of the backward ("MoE forward, forward")."""
+    torch.manual_seed(0)
+    m = mok.MoE(8, 4, 4, 2, shared_intermediate_size=4, group=group, backend="reference",
+                recompute=what == "MoE recompute")
+    x = torch.randn(64, 8, requires_grad=True)
+    y = m(x)
+    if what == "MoE forward, forward":
+        m(x)
+    else:
+        y.sum().backward()
 
 
 def _run_scenarios(rank, world_size, group):
@@ -50,8 +72,18 @@ def _run_scenarios(rank, world_size, group):
     for name, (inp, dy, what) in _scenarios(rank).items():
         t0 = time.perf_counter()
         try:
+            if what.startswith("MoE"):
+                _module_step(group, what)
+                results[name] = ("no error", time.perf_counter() - t0)
+                continue
             y, ctx = reference.forward(*(inp[a] for a in LAYER_ARGS), group=group)
-            if what == "backward":
+            args = (inp["x"], inp["topk_idx"], inp["topk_weight"], tuple(inp[a] for a in LAYER_ARGS[3:6]),
+                    tuple(inp[a] for a in LAYER_ARGS[6:]))
+            if what == "load_context":  # the first step of an autograd backward (mok.reference.moe, mok.nn)
+                reference.load_context(reference.save_context(ctx), *args, group=group)
+            elif what == "load_context short":
+                reference.load_context(reference.save_context(ctx)[:5], *args, group=group)
+            elif what == "backward":
                 reference.backward(ctx, dy)
             elif what == "forward then backward":  # rank 1 is one call ahead of rank 0
                 reference.backward(ctx, dy)
@@ -89,6 +121,21 @@ def by_rank():
     ("dy shape", ["ValueError", "dy: expected shape (4, 8), got (3, 8)", "on rank 1 of the group"]),
     # calls out of step: rank 1 runs backward while rank 0 runs a second forward
     ("op", ["RuntimeError", "expected every rank in the same mok call", "forward on rank 0, backward on rank 1"]),
+    # load_context (a backward's first step) with rank 1's saved context cut short: raised on both ranks
+    ("load_context short", ["ValueError", "saved: expected the 9 tensors of save_context, got 5",
+                            "on rank 1 of the group"]),
+    # rank 0 rebuilds its context for a backward while rank 1 runs a second forward: load_context's
+    # pre-flight comes before it gathers x, so nothing of a different size is exchanged
+    ("load_context vs forward", ["RuntimeError", "expected every rank in the same mok call",
+                                 "backward (load_context) on rank 0, forward on rank 1", "out of step"]),
+    # mok.MoE: rank 0 runs y.sum().backward() while rank 1 calls the module again (gloo aborted with SIGABRT)
+    ("MoE backward vs forward", ["RuntimeError", "expected every rank in the same mok call",
+                                 "backward (load_context) on rank 0, forward on rank 1", "out of step"]),
+    # mok.MoE with recompute=True on rank 1 only: its backward starts with a forward, rank 0's with load_context
+    ("MoE recompute", ["RuntimeError", "backward (load_context) on rank 0, forward on rank 1", "recompute"]),
+    # the same with recompute=True on rank 0
+    ("MoE recompute, other rank", ["RuntimeError", "forward on rank 0, backward (load_context) on rank 1",
+                                   "recompute"]),
 ])
 def test_every_rank_raises_the_same_error(by_rank, name, parts):
     msgs = [r[name][0] for r in by_rank]

@@ -9,7 +9,8 @@ import torch
 from mok.harness.bits import assert_bitwise_equal
 from mok.reference import _exact as exact  # private: the chunk size is patched below
 from mok.reference import (
-    dsilu_exact, exp_exact, matmul_exact, rows_outer_sum, rowwise_dot, sigmoid_exact, silu_exact, tree_sum,
+    dsilu_exact, exp_exact, log_exact_ge1, matmul_exact, rows_outer_sum, rowwise_dot, sigmoid_exact, silu_exact,
+    tree_sum,
 )
 
 U = 2.0**-24  # fp32 unit roundoff
@@ -191,6 +192,29 @@ def test_dsilu_vs_float64():
 ])
 def test_activation_special_values(fn, x, expected):
     assert_bitwise_equal(fn(f32([x])), f32([expected]), f"{fn.__name__}({x!r})")
+
+
+# ---------------------------------------------------------------- log_exact_ge1 outside its domain
+
+@pytest.mark.parametrize("x, expected", [
+    (1.0, 0.0),                            # the domain's lower end: exactly +0
+    (float("inf"), float("inf")),          # +inf (was 128 ln 2 = 88.7, read from inf's exponent bits)
+    (float("nan"), float("nan")),          # NaN propagates
+    (0.5, float("nan")),                   # below the domain [1, inf]: NaN (was its log, outside the documented domain)
+    (1.0 - 2**-24, float("nan")),          # the largest fp32 below 1
+    (0.0, float("nan")),                   # +0 (was -88: log(0) is -inf, outside the domain)
+    (-0.0, float("nan")),                  # -0
+    (-1.0, float("nan")),                  # negative
+    (float("-inf"), float("nan")),         # -inf
+    (1e-45, float("nan")),                 # a subnormal
+])
+def test_log_exact_ge1_outside_its_domain(x, expected):
+    """Values below 1 give NaN and +inf gives +inf, decided elementwise (no value is read on the host)."""
+    got = log_exact_ge1(f32([x]))
+    if math.isnan(expected):
+        assert bool(torch.isnan(got).all()), f"log_exact_ge1({x!r}) = {got.item()!r}, expected NaN"
+    else:
+        assert_bitwise_equal(got, f32([expected]), f"log_exact_ge1({x!r})")
 
 
 # ---------------------------------------------------------------- matmul_exact / rows_outer_sum / rowwise_dot

@@ -11,6 +11,10 @@ others', every rank raises the same error (naming the argument and the ranks) in
 raising while the others wait in a collective until the group's timeout, or gloo aborting on
 mismatched sizes. Only when some rank failed does a second exchange (sizes first, then bytes) carry
 the error messages. Every collective that can follow a mismatch has a size all ranks agree on.
+The layer calls that begin with one are `forward`, `backward` and `load_context` (which gathers the
+inputs again, the first step of an autograd backward), so ranks out of step (one in a backward while
+another runs a forward, e.g. mok.MoE with `recompute` differing between ranks) raise a RuntimeError
+naming each rank's call before any tensor is exchanged.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import torch.distributed.nn.functional  # noqa: E402,F401
 
 DESC_LEN = 64  # int64 slots per rank in every pre-flight exchange
 _MAGIC = 0x6D6F6B  # "mok"
-_OPS = {"forward": 1, "backward": 2, "check_same_across_ranks": 3}
+_OPS = {"forward": 1, "backward": 2, "check_same_across_ranks": 3, "load_context": 4}
+_OP_NAMES = {1: "forward", 2: "backward", 3: "check_same_across_ranks", 4: "backward (load_context)"}
 _OK, _FAILED = 0, 1
 
 
@@ -109,9 +114,12 @@ def _exchange(op: str, failed: bool, values: list[int], group, device) -> list[l
     rows = [g.cpu().tolist() for g in _gather_bytes(desc.to(device), group)]
     ops = [row[1] if row[0] == _MAGIC else -1 for row in rows]
     if len(set(ops)) != 1:
-        names = {v: k for k, v in _OPS.items()}
+        hint = ""
+        if _OPS["forward"] in ops and ({_OPS["backward"], _OPS["load_context"]} & set(ops)):
+            hint = (" (ranks out of step: every rank must run each forward and each backward of the layer "
+                    "together; with mok.moe / mok.MoE also with the same recompute)")
         raise RuntimeError("group: expected every rank in the same mok call, got "
-                           + _by_rank([names.get(o, "an unknown collective") for o in ops]))
+                           + _by_rank([_OP_NAMES.get(o, "an unknown collective") for o in ops]) + hint)
     return rows
 
 
@@ -131,7 +139,7 @@ def preflight(op: str, error: BaseException | None, facts: list[tuple[str, str, 
     """Make every rank of `group` agree before the call's first collective, or raise on every rank.
 
     Args:
-        op: the call ("forward", "backward").
+        op: the call ("forward", "backward", "load_context").
         error: this rank's local argument error (TypeError/ValueError), or None if its arguments passed.
         facts: (argument, what, value) that must be equal on every rank, e.g. ("x", "tokens per rank T", 6);
             the same list layout on every rank (values 0 where unknown because of a local error).

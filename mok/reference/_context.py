@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _comm as comm
-from ._layer import Ctx, ExpertRows
+from ._layer import Ctx, ExpertRows, forward_facts
 from ._validate import check_layer_args
 
 N_SAVED = 9
@@ -38,13 +38,35 @@ def save_context(ctx: Ctx) -> list[torch.Tensor]:
 
 def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: tuple, group=None) -> Ctx:
     """Rebuild the `Ctx` of `forward(x, topk_idx, topk_weight, *shared, *routed, group=group)` from
-    `save_context`'s tensors (the layer inputs as given to forward; gathers them again under W > 1)."""
-    if len(saved) != N_SAVED:
-        raise ValueError(f"saved: expected the {N_SAVED} tensors of save_context, got {len(saved)}")
+    `save_context`'s tensors (the layer inputs as given to forward; gathers them again under W > 1).
+
+    With W > 1 this is the first collective call of a backward, so like `forward` and `backward` it
+    begins with the pre-flight (`_comm.preflight`), before it gathers anything: a rank whose arguments
+    fail their checks, or whose sizes differ, makes every rank raise; a rank running another mok call at
+    the same time (a forward: ranks out of step, or `recompute` differing between ranks in mok.nn) makes
+    every rank raise a RuntimeError naming each rank's call.
+    """
     W, rank = comm.world(group)
-    dims = check_layer_args(x, topk_idx, topk_weight, *shared, *routed, world_size=W)
-    o_TKH, f, g, u, a, counts, sg, su, sa = saved
-    sizes = counts.tolist()
+    dims, err = None, None
+    try:
+        if not isinstance(saved, (list, tuple)):
+            raise TypeError(f"saved: expected the list of tensors of save_context, got {type(saved).__name__}")
+        if len(saved) != N_SAVED:
+            raise ValueError(f"saved: expected the {N_SAVED} tensors of save_context, got {len(saved)}")
+        for name, t, what in (("shared", shared, "(shared_gate, shared_up, shared_down)"),
+                              ("routed", routed, "(routed_gate, routed_up, routed_down)")):
+            if not isinstance(t, (tuple, list)) or len(t) != 3:
+                raise ValueError(f"{name}: expected the 3 tensors {what}, got {comm._short(t)}")
+        dims = check_layer_args(x, topk_idx, topk_weight, *shared, *routed, world_size=W)
+        o_TKH, f, g, u, a, counts, sg, su, sa = saved
+        sizes = counts.tolist()
+        if tuple(o_TKH.shape) != (dims.T, dims.K, dims.H) or len(sizes) != dims.L or sum(sizes) != f.numel():
+            raise ValueError(f"saved: expected the save_context of a forward with (T, K, H) = "
+                             f"{(dims.T, dims.K, dims.H)} and L = {dims.L}, got o_TKH of shape {tuple(o_TKH.shape)} "
+                             f"and rows per expert {sizes} for {f.numel()} rows")
+    except Exception as e:  # noqa: BLE001 - the pre-flight raises it on every rank of the group
+        err = e
+    comm.preflight("load_context", err, forward_facts(dims, x), group)
     experts = [ExpertRows(f=ff, g=gg, u=uu, a=aa) for ff, gg, uu, aa in zip(*(t.split(sizes) for t in (f, g, u, a)))]
     shared_rows = None
     if shared[0] is not None:

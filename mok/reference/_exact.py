@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import torch
 
+from ._validate import _device, _tensor
+
 CONTRACT_VERSION = 1
 
 # Rows per chunk are chosen so a chunk's exact-product tensor stays near this many elements.
 # Chunking splits independent output rows only; it never changes a reduction, so no bits.
 _CHUNK_ELEMS = 1 << 24
+
+
+def _float32(name: str, t) -> None:
+    """The elementwise primitives' check: a float32 tensor, any shape (their bits are defined for fp32 only)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name}: expected dtype torch.float32, got {t.dtype}")
 
 
 def tree_sum(p: torch.Tensor, dim: int) -> torch.Tensor:
@@ -25,11 +35,21 @@ def tree_sum(p: torch.Tensor, dim: int) -> torch.Tensor:
     then n <- h + n % 2, until one term is left. n = 0 gives +0.0.
 
     Args:
-        p: any shape, float32.
-        dim: the axis to reduce.
+        p: float32 (the contract's dtype; other dtypes are summed in their own dtype, in the same order),
+            at least 1 dimension.
+        dim: the axis to reduce, an int in [-p.dim(), p.dim()).
     Returns:
         `p`'s shape without `dim`, float32.
     """
+    if not isinstance(p, torch.Tensor):
+        raise TypeError(f"p: expected a torch.Tensor, got {type(p).__name__}")
+    if p.dim() == 0:
+        raise ValueError("p: expected at least 1 dimension to sum over, got a 0-d tensor")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim: expected an int, got {type(dim).__name__} {dim!r}")
+    if not -p.dim() <= dim < p.dim():
+        raise ValueError(f"dim: expected an int in [{-p.dim()}, {p.dim()}) for p of shape {tuple(p.shape)}, "
+                         f"got {dim}")
     dim = dim % p.dim()
     n = p.shape[dim]
     if n == 0:
@@ -49,12 +69,17 @@ def matmul_exact(a_MD: torch.Tensor, b_ND: torch.Tensor) -> torch.Tensor:
 
     Args:
         a_MD: [M, D] bfloat16.
-        b_ND: [N, D] bfloat16.
+        b_ND: [N, D] bfloat16, on a's device (no broadcasting; other dtypes raise TypeError).
     Returns:
         [M, N] float32.
     """
+    _tensor("a_MD", a_MD, torch.bfloat16, 2)
+    _tensor("b_ND", b_ND, torch.bfloat16, 2)
     M, D = a_MD.shape
     N = b_ND.shape[0]
+    if b_ND.shape[1] != D:
+        raise ValueError(f"b_ND: expected shape (N, {D}) with D = a_MD.shape[1], got {tuple(b_ND.shape)}")
+    _device("b_ND", b_ND, a_MD.device, "a_MD")
     b = b_ND.float()
     out = torch.empty(M, N, dtype=torch.float32, device=a_MD.device)
     rows = max(1, _CHUNK_ELEMS // max(1, N * D))
@@ -71,12 +96,17 @@ def rows_outer_sum(a_RM: torch.Tensor, b_RN: torch.Tensor) -> torch.Tensor:
 
     Args:
         a_RM: [R, M] bfloat16.
-        b_RN: [R, N] bfloat16.
+        b_RN: [R, N] bfloat16, on a's device (no broadcasting; other dtypes raise TypeError).
     Returns:
         [M, N] float32.
     """
+    _tensor("a_RM", a_RM, torch.bfloat16, 2)
+    _tensor("b_RN", b_RN, torch.bfloat16, 2)
     R, M = a_RM.shape
     N = b_RN.shape[1]
+    if b_RN.shape[0] != R:
+        raise ValueError(f"b_RN: expected shape ({R}, N) with R = a_RM.shape[0], got {tuple(b_RN.shape)}")
+    _device("b_RN", b_RN, a_RM.device, "a_RM")
     a = a_RM.float()
     b = b_RN.float()
     out = torch.empty(M, N, dtype=torch.float32, device=a_RM.device)
@@ -91,10 +121,16 @@ def rowwise_dot(a_TH: torch.Tensor, b_TKH: torch.Tensor) -> torch.Tensor:
 
     Args:
         a_TH: [T, H] bfloat16.
-        b_TKH: [T, K, H] bfloat16.
+        b_TKH: [T, K, H] bfloat16, on a's device (no broadcasting; other dtypes raise TypeError).
     Returns:
         [T, K] float32.
     """
+    _tensor("a_TH", a_TH, torch.bfloat16, 2)
+    _tensor("b_TKH", b_TKH, torch.bfloat16, 3)
+    T, H = a_TH.shape
+    if b_TKH.shape[0] != T or b_TKH.shape[2] != H:
+        raise ValueError(f"b_TKH: expected shape ({T}, K, {H}) with (T, H) = a_TH.shape, got {tuple(b_TKH.shape)}")
+    _device("b_TKH", b_TKH, a_TH.device, "a_TH")
     return tree_sum(a_TH.float()[:, None, :] * b_TKH.float(), dim=2)
 
 
@@ -126,10 +162,11 @@ def exp_exact(x: torch.Tensor) -> torch.Tensor:
     """exp for float32 from basic IEEE operations only (same bits on every platform).
 
     Args:
-        x: any shape, float32.
+        x: any shape, float32 (other dtypes raise TypeError).
     Returns:
         same shape, float32; NaN stays NaN, +inf -> inf, -inf -> 0.
     """
+    _float32("x", x)
     xc = x.clamp(_EXP_LO, _EXP_HI)
     n = torch.floor(xc * _LOG2E + 0.5)
     r = (xc - n * _LN2_HI) - n * _LN2_LO
@@ -148,7 +185,9 @@ _SIGMOID_NEG = -80.0  # below this exp(-x) would overflow near -88.7 although si
 
 
 def sigmoid_exact(x: torch.Tensor) -> torch.Tensor:
-    """1 / (1 + exp(-x)) for x >= -80, else e / (1 + e) with e = exp(x); fp32, IEEE ops only."""
+    """1 / (1 + exp(-x)) for x >= -80, else e / (1 + e) with e = exp(x); fp32 (other dtypes raise
+    TypeError), IEEE ops only."""
+    _float32("x", x)
     one = torch.ones_like(x)
     pos = one / (one + exp_exact(-x))
     e = exp_exact(torch.minimum(x, torch.full_like(x, _SIGMOID_NEG)))
@@ -156,12 +195,15 @@ def sigmoid_exact(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_exact(g: torch.Tensor) -> torch.Tensor:
-    """silu(g) = g * sigmoid(g), fp32."""
+    """silu(g) = g * sigmoid(g), fp32 (other dtypes raise TypeError)."""
+    _float32("g", g)
     return g * sigmoid_exact(g)
 
 
 def dsilu_exact(g: torch.Tensor) -> torch.Tensor:
-    """silu'(g) = s * (1 + g * (1 - s)) with s = sigmoid(g), fp32, evaluated in this order."""
+    """silu'(g) = s * (1 + g * (1 - s)) with s = sigmoid(g), fp32 (other dtypes raise TypeError), evaluated
+    in this order."""
+    _float32("g", g)
     s = sigmoid_exact(g)
     return s * (1.0 + g * (1.0 - s))
 
@@ -173,15 +215,18 @@ _ATANH_COEF = (1 / 13, 1 / 11, 1 / 9, 1 / 7, 1 / 5, 1 / 3, 1.0)  # Horner in s²
 
 
 def log_exact_ge1(x: torch.Tensor) -> torch.Tensor:
-    """Natural log of fp32 `x` >= 1 (finite) from basic IEEE operations; NaN stays NaN.
+    """Natural log of fp32 `x` >= 1 from basic IEEE operations; NaN stays NaN.
 
     Only the domain the z-loss needs (a log-sum-exp argument is >= 1). |rel. error| < 1e-7.
+    Outside it nothing is read back to the host (no GPU synchronisation): values below 1 (and -inf)
+    give NaN, +inf gives +inf. Values in [1, inf) get the bits they always had.
 
     Args:
-        x: any shape, float32, values >= 1.
+        x: any shape, float32 (other dtypes raise TypeError).
     Returns:
         same shape, float32.
     """
+    _float32("x", x)
     bits = x.view(torch.int32)
     e = (bits >> 23) - 127
     m = ((bits & 0x7FFFFF) | (127 << 23)).view(torch.float32)  # [1, 2)
@@ -194,6 +239,8 @@ def log_exact_ge1(x: torch.Tensor) -> torch.Tensor:
     for c in _ATANH_COEF[1:]:
         p = p * s2 + c
     y = e * _LN2_HI + ((2.0 * s) * p + e * _LN2_LO)
+    y = torch.where(x == float("inf"), x, y)
+    y = torch.where(x < 1.0, torch.full_like(y, float("nan")), y)
     return torch.where(torch.isnan(x), x, y)
 
 

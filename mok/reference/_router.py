@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ._exact import bf16, exp_exact, matmul_exact, rows_outer_sum, sigmoid_exact, tree_sum
+from ._validate import _device, _shape, _tensor, check_expert_ids
 
 SCORES = ("softmax", "sigmoid")
 # normalize: a row whose picked scores sum below the smallest normal fp32 (2^-126; only sigmoid scores
@@ -13,14 +14,33 @@ SCORES = ("softmax", "sigmoid")
 TINY_SUM = torch.finfo(torch.float32).tiny
 
 
+def _check_gate_args(x_TH, w_EH) -> tuple[int, int, int]:
+    """x_TH [T, H] bf16 and w_EH [E, H] bf16 on x's device (no float32: the logits are defined on bf16
+    tokens, and mok.nn rounds float32 ones before calling). Returns (T, H, E)."""
+    _tensor("x_TH", x_TH, torch.bfloat16, 2)
+    _tensor("w_EH", w_EH, torch.bfloat16, 2)
+    T, H = x_TH.shape
+    E = w_EH.shape[0]
+    _shape("w_EH", w_EH, (E, H))
+    _device("w_EH", w_EH, x_TH.device)
+    return T, H, E
+
+
+def _check_f32(name: str, t, shape: tuple, device: torch.device) -> None:
+    _tensor(name, t, torch.float32, len(shape))
+    _shape(name, t, shape)
+    _device(name, t, device)
+
+
 def gate_logits(x_TH: torch.Tensor, w_EH: torch.Tensor) -> torch.Tensor:
     """Router logits x · wᵀ: exact bf16 products, the contract's tree over H.
 
     Args:
-        x_TH: [T, H] bfloat16. w_EH: [E, H] bfloat16.
+        x_TH: [T, H] bfloat16. w_EH: [E, H] bfloat16 (other dtypes, float32 included, raise TypeError).
     Returns:
         logits [T, E] float32.
     """
+    _check_gate_args(x_TH, w_EH)
     return matmul_exact(x_TH, w_EH)
 
 
@@ -39,6 +59,8 @@ def gate_backward(x_TH: torch.Tensor, w_EH: torch.Tensor, d_logits_TE: torch.Ten
     Returns:
         (d_x [T, H] bfloat16, d_w [E, H] float32).
     """
+    T, _, E = _check_gate_args(x_TH, w_EH)
+    _check_f32("d_logits_TE", d_logits_TE, (T, E), x_TH.device)
     hi, lo = split_hi_lo(d_logits_TE)
     d_x = bf16(matmul_exact(torch.cat([hi, lo], dim=1), torch.cat([w_EH, w_EH], dim=0).t().contiguous()))
     d_w = rows_outer_sum(torch.cat([hi, lo], dim=0), torch.cat([x_TH, x_TH], dim=0))
@@ -51,10 +73,13 @@ def router_scores(logits_TE: torch.Tensor, score: str) -> torch.Tensor:
 
     Args:
         logits_TE: [T, E] float32.
-        score: "softmax" or "sigmoid".
+        score: "softmax" or "sigmoid" (anything else raises ValueError).
     Returns:
         [T, E] float32.
     """
+    _tensor("logits_TE", logits_TE, torch.float32, 2)
+    if score not in SCORES:
+        raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
     if score == "softmax":
         if logits_TE.shape[0] == 0:
             return logits_TE.clone()
@@ -126,12 +151,25 @@ def route_backward(scores_TE, topk_idx_TK, d_topk_weight_TK, d_scores_TE, score:
     (its weights are the constant 1/k, see `route`). Every Σ is a `tree_sum`.
 
     Args:
-        scores_TE: [T, E] float32, `router_scores` of the logits; topk_idx_TK: [T, K] int64 (from `route`);
-        d_topk_weight_TK: [T, K] float32; d_scores_TE: [T, E] float32.
+        scores_TE: [T, E] float32, `router_scores` of the logits; topk_idx_TK: [T, K] int64 (from `route`):
+        ids in [0, E), distinct within each row (checked: this reads the ids, a host synchronisation on CUDA);
+        d_topk_weight_TK: [T, K] float32; d_scores_TE: [T, E] float32. No broadcasting: every shape exact.
     Returns:
         d_logits [T, E] float32.
     """
     _check_score_args(score, normalize)
+    _tensor("scores_TE", scores_TE, torch.float32, 2)
+    T, E = scores_TE.shape
+    dev = scores_TE.device
+    _tensor("topk_idx_TK", topk_idx_TK, torch.int64, 2)
+    K = topk_idx_TK.shape[1]
+    _shape("topk_idx_TK", topk_idx_TK, (T, K))
+    _device("topk_idx_TK", topk_idx_TK, dev)
+    if not 1 <= K <= E:
+        raise ValueError(f"topk_idx_TK: expected 1 <= K <= E = {E}, got K = {K}")
+    _check_f32("d_topk_weight_TK", d_topk_weight_TK, (T, K), dev)
+    _check_f32("d_scores_TE", d_scores_TE, (T, E), dev)
+    check_expert_ids(topk_idx_TK, E, name="topk_idx_TK")
     p = scores_TE
     pk = torch.gather(p, 1, topk_idx_TK)
     if normalize:
@@ -151,11 +189,13 @@ def router_forward(x_TH: torch.Tensor, w_EH: torch.Tensor, k: int, score: str, n
     """The whole router: `gate_logits`, `router_scores`, top-k and renormalisation as `route`.
 
     Args:
-        x_TH: [T, H] bfloat16. w_EH: [E, H] bfloat16. k, score, normalize: as `route`.
+        x_TH: [T, H] bfloat16 (float32 raises TypeError: `mok.router` / mok.nn round float32 tokens to bf16
+            before calling this). w_EH: [E, H] bfloat16. k, score, normalize: as `route`.
     Returns:
         (topk_weight [T, k] fp32, topk_idx [T, k] int64, scores [T, E] fp32, logits [T, E] fp32).
     """
-    _check_route_args(w_EH.shape[0], k, score, normalize)
+    _, _, E = _check_gate_args(x_TH, w_EH)
+    _check_route_args(E, k, score, normalize)
     logits = gate_logits(x_TH, w_EH)
     p = router_scores(logits, score)
     topk_idx, topk_weight = _topk(p, k, normalize)
@@ -172,6 +212,11 @@ def router_backward(x_TH, w_EH, scores_TE, topk_idx_TK, d_topk_weight_TK, d_scor
     Returns:
         (d_x [T, H] bf16, d_w [E, H] fp32).
     """
+    T, _, E = _check_gate_args(x_TH, w_EH)
+    _check_f32("scores_TE", scores_TE, (T, E), x_TH.device)
+    _tensor("topk_idx_TK", topk_idx_TK, torch.int64, 2)  # its shape makes the default d_topk_weight_TK
+    if d_logits_TE is not None:
+        _check_f32("d_logits_TE", d_logits_TE, (T, E), x_TH.device)
     zeros = torch.zeros_like(scores_TE)
     d_tw = d_topk_weight_TK if d_topk_weight_TK is not None else zeros.new_zeros(topk_idx_TK.shape)
     dl = route_backward(scores_TE, topk_idx_TK, d_tw, d_scores_TE if d_scores_TE is not None else zeros,

@@ -39,9 +39,9 @@ def _shape(name: str, t: torch.Tensor, expected: tuple) -> None:
         raise ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(t.shape)}")
 
 
-def _device(name: str, t: torch.Tensor, device: torch.device) -> None:
+def _device(name: str, t: torch.Tensor, device: torch.device, of: str = "x") -> None:
     if t.device != device:
-        raise ValueError(f"{name}: expected device {device} (the device of x), got {t.device}")
+        raise ValueError(f"{name}: expected device {device} (the device of {of}), got {t.device}")
 
 
 def check_layer_args(
@@ -98,10 +98,19 @@ def check_layer_args(
     return Dims(T=T, H=H, I=I, S=S, E=E, K=K, L=L, W=world_size)
 
 
+def _int(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+
+
 def check_ep_split(num_experts: int, world_size: int, name: str = "num_experts") -> int:
-    """E experts over W ranks: W >= 1 and E % W == 0. Returns L = E // W."""
+    """E experts over W ranks: E an int >= 1, W an int >= 1 and E % W == 0. Returns L = E // W."""
+    _int(name, num_experts)
+    _int("world_size", world_size)
     if world_size < 1:
         raise ValueError(f"group: expected a world size >= 1, got {world_size}")
+    if num_experts < 1:
+        raise ValueError(f"{name}: expected E >= 1 experts, got E = {num_experts}")
     if num_experts % world_size:
         raise ValueError(
             f"{name}: expected E divisible by the expert-parallel world size W = {world_size}, got E = {num_experts}"
@@ -110,7 +119,11 @@ def check_ep_split(num_experts: int, world_size: int, name: str = "num_experts")
 
 
 def check_expert_ids(topk_idx: torch.Tensor, num_experts: int, name: str = "topk_idx") -> None:
-    """Ids in [0, E) and distinct within each row. Reads values: syncs on CUDA."""
+    """Ids: a [T, K] int64 tensor, values in [0, E) and distinct within each row. Reads values: syncs on CUDA."""
+    _tensor(name, topk_idx, torch.int64, 2)
+    _int("num_experts", num_experts)
+    if num_experts < 1:
+        raise ValueError(f"num_experts: expected E >= 1 experts, got E = {num_experts}")
     if topk_idx.numel() == 0:
         return
     lo, hi = int(topk_idx.min()), int(topk_idx.max())
