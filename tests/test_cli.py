@@ -114,8 +114,18 @@ def no_workers(monkeypatch):
     (["diff-grads", "--reruns", "1"], "--reruns: expected an int >= 2, got 1"),
     # the same seed twice: only one distinct seed
     (["diff-grads", "--seeds", "3", "3"], "--seeds: expected at least 2 distinct seeds"),
+    # 2**64: beyond what torch.manual_seed takes (was an OverflowError traceback, exit 1)
+    (["diff-grads", "--seeds", "0", "18446744073709551616"], "--seeds: expected ints in [0, 2**64 - 1]"),
+    # a negative seed: torch would alias it to 2**64 - 1
+    (["diff-grads", "--seeds", "-1", "3"], "--seeds: expected ints in [0, 2**64 - 1]"),
+    # --shape and --config together: one would be silently ignored
+    (["diff-grads", "--shape", "8,16,8,4,2", "--config", "tiny"],
+     "argument --config: not allowed with argument --shape"),
+    # the same, naming the default config explicitly
+    (["diff-grads", "--config", "default", "--shape", "8,16,8,4,2"],
+     "argument --shape: not allowed with argument --config"),
     # empty_expert needs K < E, here K = E = 2
-    (["diff-grads", "--config", "tiny", "--routing", "empty_expert", "--shape", "8,8,8,2,2"], "--routing:"),
+    (["diff-grads", "--routing", "empty_expert", "--shape", "8,8,8,2,2"], "--routing:"),
     # not an int: argparse's own message, still one line
     (["diff-grads", "--world-sizes", "a"], "argument --world-sizes: invalid int value: 'a'"),
     # cuda asked for with no GPU (skipped where one is present), in diff-grads ...
@@ -126,6 +136,10 @@ def no_workers(monkeypatch):
     (["verify", "--bogus"], "unrecognized arguments: --bogus"),
     # a golden directory that does not exist
     (["golden", "check", "--dir", "/nonexistent/golden"], "--dir: expected an existing directory"),
+    # a golden directory regen cannot create (was a FileNotFoundError traceback, exit 1)
+    (["golden", "regen", "--dir", "/proc/nope"], "--dir: expected a directory that can be created and written"),
+    # an existing directory where no file can be written
+    (["golden", "regen", "--dir", "/proc"], "--dir: expected a directory that can be created and written"),
     # an unknown golden action
     (["golden", "fix"], "argument action: invalid choice: 'fix'"),
     # no command at all
@@ -141,10 +155,20 @@ def test_argument_errors_exit_2_with_one_line(no_workers, capsys, argv, phrase):
     assert captured.out == ""
 
 
-def test_bad_timeout_environment_exits_2(no_workers, monkeypatch, capsys):
-    monkeypatch.setenv("MOK_DIST_TIMEOUT_S", "soon")
-    assert main(["diff-grads", "--config", "tiny"]) == 2
-    assert "MOK_DIST_TIMEOUT_S: expected a number of seconds > 0, got 'soon'" in capsys.readouterr().err
+@pytest.mark.parametrize("value, argv", [
+    ("soon", ["diff-grads", "--config", "tiny"]),   # not a number
+    ("1e-9", ["diff-grads", "--config", "tiny"]),   # would be a 0 ms gloo timeout
+    ("1e300", ["diff-grads", "--config", "tiny"]),  # would overflow timedelta in the workers (exit 1 after they start)
+    ("1e300", ["verify"]),                          # verify checks it before any worker too
+    ("1e300", ["golden", "check"]),                 # and golden check
+    ("604801", ["verify"]),                         # just over the 7-day bound
+])
+def test_bad_timeout_environment_exits_2(no_workers, monkeypatch, capsys, value, argv):
+    monkeypatch.setenv("MOK_DIST_TIMEOUT_S", value)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("mok: MOK_DIST_TIMEOUT_S: expected a number of seconds in [0.001, 604800] (1 ms to 7 days), "
+                   f"got {value!r}")
 
 
 def test_json_error_record(no_workers, capsys):

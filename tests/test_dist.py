@@ -56,6 +56,10 @@ def test_workers_see_the_launchers_environment_at_the_call(monkeypatch):
     assert launch(_env, (["MOK_TEST_SET", "MOK_TEST_REMOVED"],), 2) == [["new", None]] * 2
 
 
+class _Opaque:
+    """A result the launcher's torch.load(weights_only=True) refuses (an arbitrary class)."""
+
+
 def _fail_or_wait(rank, world_size, group, how):
     if rank == 1:
         if how == "raise":
@@ -64,6 +68,12 @@ def _fail_or_wait(rank, world_size, group, how):
             os.abort()
         if how == "exit":
             os._exit(3)
+        if how == "exit0":
+            os._exit(0)
+        if how == "object":
+            return _Opaque()
+        if how == "lambda":
+            return lambda: None
         time.sleep(3600)  # "hang": alive, never joins the collective
     dist.all_gather([torch.empty(1) for _ in range(world_size)], torch.ones(1), group=group)
 
@@ -73,6 +83,10 @@ def _fail_or_wait(rank, world_size, group, how):
     ("raise", 600, 1, "ValueError: rank 1 has a bad argument"),
     ("abort", 600, 1, "died from signal SIGABRT"),  # killed by a signal: no Python error to report
     ("exit", 600, 1, "exited with status 3 without reporting an error"),  # os._exit: gone without a word
+    ("exit0", 600, 1, "exited with status 0 without a result"),  # os._exit(0): status 0, but nothing returned
+    # a result torch.load(weights_only=True) refuses: the worker names its type (not an UnpicklingError later)
+    ("object", 600, 1, "TypeError: result: fn returned test_dist._Opaque, which the launcher cannot load back"),
+    ("lambda", 600, 1, "TypeError: result: fn returned builtins.function"),  # a result that cannot even be pickled
     ("hang", 3, None, "Timed out"),  # ranks 0 and 2 give up after the collective timeout; rank 1 is killed
 ])
 def test_a_failing_worker_stops_the_run_at_once(tmp_path, monkeypatch, how, timeout_s, blamed, message):
@@ -85,6 +99,9 @@ def test_a_failing_worker_stops_the_run_at_once(tmp_path, monkeypatch, how, time
     assert message in info.value.message, str(info.value)
     if blamed is not None:
         assert info.value.rank == blamed and str(info.value).startswith(f"rank {blamed}"), str(info.value)
+    if how == "hang":  # the rank that never joined is named as still running after the others timed out
+        assert 1 in info.value.stalled and info.value.rank not in info.value.stalled, str(info.value)
+        assert "still running without an error" in str(info.value), str(info.value)
     assert [d for d in tmp_path.iterdir() if d.name.startswith("mok-dist-")] == []  # the run's directory is gone
     assert _alive(_descendants(os.getpid()) - _forkserver_family()) == set()
 
@@ -92,12 +109,37 @@ def test_a_failing_worker_stops_the_run_at_once(tmp_path, monkeypatch, how, time
 def test_timeout_from_env_is_checked(monkeypatch):
     from mok.harness.dist import timeout_from_env
 
-    for bad in ("0", "-1", "abc", "inf", "nan"):
+    # 1e-9 would be a 0 ms gloo timeout, 1e300 overflows timedelta in the workers, 9e9 hung gloo
+    for bad in ("0", "-1", "abc", "inf", "nan", "1e-9", "0.0009", "604801", "9e9", "1e300"):
         monkeypatch.setenv("MOK_DIST_TIMEOUT_S", bad)
-        with pytest.raises(ValueError, match="MOK_DIST_TIMEOUT_S: expected a number of seconds > 0"):
+        with pytest.raises(ValueError, match=r"^MOK_DIST_TIMEOUT_S: expected a number of seconds in \[0.001, 604800\]"):
             timeout_from_env()
-    monkeypatch.setenv("MOK_DIST_TIMEOUT_S", "7.5")
-    assert timeout_from_env() == 7.5
+    for good, value in (("7.5", 7.5), ("0.001", 0.001), ("604800", 604800.0)):
+        monkeypatch.setenv("MOK_DIST_TIMEOUT_S", good)
+        assert timeout_from_env() == value
+
+
+@pytest.mark.parametrize("timeout_s, exc", [
+    (0, ValueError),       # no time at all
+    (1e-9, ValueError),    # under gloo's 1 ms resolution: a 0 ms timeout
+    (1e300, ValueError),   # overflows timedelta in the workers
+    ("3", TypeError),      # a string, not a number
+    (True, TypeError),     # a bool, not a number
+])
+def test_launch_checks_its_timeout_before_any_process(timeout_s, exc, monkeypatch):
+    monkeypatch.setattr(mok_dist.mp, "get_context", lambda *a: pytest.fail("a process was about to start"))
+    with pytest.raises(exc, match="^timeout_s: expected a number of seconds"):
+        launch(_gather_ranks, ("x",), 2, timeout_s=timeout_s)
+
+
+def test_an_unreadable_result_names_its_rank(monkeypatch):
+    def refuse(*a, **k):
+        raise RuntimeError("damaged\nsecond line")
+
+    monkeypatch.setattr(mok_dist.torch, "load", refuse)  # the launcher's load only: workers are other processes
+    with pytest.raises(WorkerError) as info:
+        launch(_gather_ranks, ("x",), 1)
+    assert str(info.value) == "rank 0: its result could not be loaded (RuntimeError: damaged)", str(info.value)
 
 
 @pytest.mark.parametrize("W, device, threads, parts", [

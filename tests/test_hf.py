@@ -141,3 +141,80 @@ def test_from_hf_reads_the_legacy_per_expert_layout():
         assert_bitwise_equal(m.w_up_LIH[e], block.experts[e].up_proj.weight, f"up {e}")
         assert_bitwise_equal(m.w_down_LHI[e], block.experts[e].down_proj.weight, f"down {e}")
     assert_bitwise_equal(m.w_router_EH, block.gate.weight, "router")
+
+
+@pytest.mark.parametrize("value", [
+    "false",  # a string from a hand-edited config: bool("false") is True
+    None,     # missing: bool(None) would silently mean False
+    1,        # an int, not a bool
+])
+@pytest.mark.parametrize("legacy", [
+    False,  # transformers 5: block.gate.norm_topk_prob
+    True,   # transformers 4.x: block.norm_topk_prob
+])
+def test_from_hf_norm_topk_prob_must_be_a_bool(value, legacy):
+    block = _LegacyBlock() if legacy else _hf_block(16, 8, 4, 2)
+    setattr(block if legacy else block.gate, "norm_topk_prob", value)
+    where = "block" if legacy else "block.gate"
+    with pytest.raises(TypeError, match=f"^{where}.norm_topk_prob: expected a bool, got {value!r}"):
+        from_hf_qwen3_moe(block)
+
+
+def _cut(block, name, index):
+    owner, attr = (block.gate, "weight") if name == "gate.weight" else (block.experts, name)
+    setattr(owner, attr, nn.Parameter(getattr(owner, attr).detach()[index].clone()))
+    return block
+
+
+@pytest.mark.parametrize("edit, starts", [
+    # a router for 3 experts against 4
+    (lambda b: _cut(b, "gate.weight", slice(0, 3)), "block.experts.gate_up_proj: expected [E, 2I, H] = [3, 2I, 16]"),
+    # an odd number of gate + up rows: no I splits them
+    (lambda b: _cut(b, "gate_up_proj", (slice(None), slice(0, 15))), "block.experts.gate_up_proj: expected"),
+    # down_proj for I = 4 against gate_up_proj's I = 8
+    (lambda b: _cut(b, "down_proj", (Ellipsis, slice(0, 4))),
+     "block.experts.down_proj: expected [E, H, I] = [4, 16, 8]"),
+    # down_proj for H = 8 against the router's H = 16
+    (lambda b: _cut(b, "down_proj", (slice(None), slice(0, 8))), "block.experts.down_proj: expected"),
+    # gate_up_proj with another hidden size than the router
+    (lambda b: _cut(b, "gate_up_proj", (Ellipsis, slice(0, 8))), "block.experts.gate_up_proj: expected"),
+    # a router weight that is not a matrix
+    (lambda b: _cut(b, "gate.weight", 0), "block.gate.weight: expected [E, H] (2 dimensions)"),
+])
+def test_from_hf_refuses_inconsistent_shapes_naming_the_tensor(edit, starts):
+    block = edit(_hf_block(16, 8, 4, 2))
+    for call in (from_hf_qwen3_moe, mok.hf.hf_expert_weights):
+        with pytest.raises(ValueError) as e:
+            call(block)
+        assert str(e.value).startswith(starts), str(e.value)
+
+
+@pytest.mark.parametrize("edit, starts", [
+    # a 5th expert's weights against a router for 4
+    (lambda b: b.experts.append(_LegacyExpert(16, 8)), "block.experts: expected E = 4 experts"),
+    # expert 2's up_proj for I = 4 against expert 0's I = 8
+    (lambda b: setattr(b.experts[2], "up_proj", nn.Linear(16, 4, bias=False)),
+     "block.experts[2].up_proj.weight: expected [8, 16]"),
+    # expert 1's down_proj for H = 12 against the router's H = 16
+    (lambda b: setattr(b.experts[1], "down_proj", nn.Linear(8, 12, bias=False)),
+     "block.experts[1].down_proj.weight: expected [16, 8]"),
+])
+def test_from_hf_refuses_inconsistent_legacy_shapes_naming_the_tensor(edit, starts):
+    block = _LegacyBlock()
+    edit(block)
+    with pytest.raises(ValueError) as e:
+        from_hf_qwen3_moe(block)
+    assert str(e.value).startswith(starts), str(e.value)
+
+
+@pytest.mark.parametrize("moe, kw, starts", [
+    (None, {}, "moe: expected a mok.MoE, got NoneType"),             # nothing given
+    (nn.Linear(2, 2), {}, "moe: expected a mok.MoE, got Linear"),    # another module
+    ("mok", {"dtype": torch.int64}, "dtype: expected None or a floating torch.dtype"),  # an integer block dtype
+    ("mok", {"dtype": "bfloat16"}, "dtype: expected None or a floating torch.dtype"),   # a name, not a dtype
+])
+def test_to_hf_refuses_bad_arguments_naming_them(moe, kw, starts):
+    moe = mok.MoE(16, 8, 4, 2) if moe == "mok" else moe
+    with pytest.raises(TypeError) as e:
+        to_hf_qwen3_moe(moe, **kw)
+    assert str(e.value).startswith(starts), str(e.value)

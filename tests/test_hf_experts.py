@@ -371,3 +371,63 @@ def test_from_hf_qwen3_moe_converts_olmoe_the_same_layer():
     assert_bitwise_equal(m.w_router_EH, block.gate.weight, "router")
     assert_bitwise_equal(m.w_gate_LIH, block.experts.gate_up_proj[:, :32], "gate")
     assert_bitwise_equal(m.w_down_LHI, block.experts.down_proj, "down")
+
+
+# ---------------------------------------------------------------- the experts function's inputs
+
+
+def _experts_inputs(T=6, seed=6):
+    experts = _set(_model("qwen3_moe", layers=1).model.layers[0].mlp.experts, "mok")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g)
+    idx = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(T)])
+    w = torch.rand(T, 2, generator=g)
+    return experts, x, idx, w
+
+
+@pytest.mark.parametrize("change, exc, starts", [
+    # float ids: .long() would truncate 2.9 to 2, silently routing to another expert
+    (lambda x, i, w: (x, i.float() + 0.9, w), TypeError, "top_k_index: expected integer expert ids"),
+    # bool ids are not expert ids
+    (lambda x, i, w: (x, i > 3, w), TypeError, "top_k_index: expected integer expert ids"),
+    # uint64 ids could wrap to negative int64
+    (lambda x, i, w: (x, i.to(torch.uint64), w), TypeError, "top_k_index: expected integer expert ids"),
+    # integer weights: not routing probabilities
+    (lambda x, i, w: (x, i, (w * 3).long()), TypeError, "top_k_weights: expected floating routing weights"),
+    # float64 weights would be rounded to float32
+    (lambda x, i, w: (x, i, w.double()), TypeError, "top_k_weights: expected floating routing weights"),
+    # a list, not a tensor
+    (lambda x, i, w: (x, i, w.tolist()), TypeError, "top_k_weights: expected a torch.Tensor, got list"),
+    # no ids at all
+    (lambda x, i, w: (x, None, w), TypeError, "top_k_index: expected a torch.Tensor, got NoneType"),
+    # hidden_states not flattened to [T, H]
+    (lambda x, i, w: (x[None], i, w), ValueError, "hidden_states: expected 2 dimensions [T, H]"),
+    # ids for fewer tokens than hidden_states has
+    (lambda x, i, w: (x, i[:-1], w[:-1]), ValueError, "top_k_index: expected shape [T = 6, K]"),
+    # 1-D ids
+    (lambda x, i, w: (x, i[:, 0], w), ValueError, "top_k_index: expected shape [T = 6, K]"),
+    # weights for fewer slots than ids
+    (lambda x, i, w: (x, i, w[:, :1]), ValueError, "top_k_weights: expected the shape of top_k_index (6, 2)"),
+])
+def test_experts_function_refuses_bad_inputs_naming_them(change, exc, starts):
+    experts, x, idx, w = _experts_inputs()
+    with pytest.raises(exc) as e:
+        ALL_EXPERTS_FUNCTIONS["mok"](experts, *change(x, idx, w))
+    assert str(e.value).startswith(starts), str(e.value)
+
+
+@pytest.mark.parametrize("idx_dtype, w_dtype", [
+    (torch.int64, torch.float32),   # what transformers passes for an fp32 model (topk's int64 ids)
+    (torch.int64, torch.bfloat16),  # a bf16 model: weights in the model dtype
+    (torch.int32, torch.float16),   # narrower ids and fp16 weights: both widen exactly
+])
+def test_experts_function_accepts_exact_dtypes_with_the_bits_of_their_widening(idx_dtype, w_dtype):
+    experts, x, idx, w = _experts_inputs()
+    w = w.to(w_dtype)
+    fn = ALL_EXPERTS_FUNCTIONS["mok"]
+    assert_bitwise_equal(fn(experts, x, idx.to(idx_dtype), w), fn(experts, x, idx, w.float()), "y")
+
+
+def test_check_model_refuses_a_non_module():
+    with pytest.raises(TypeError, match="^model: expected a torch.nn.Module"):
+        mok.hf.check_model(None)

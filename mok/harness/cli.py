@@ -123,6 +123,21 @@ def _golden_dir(args) -> Path:
     return d
 
 
+def _writable_dir(d: Path, given) -> None:
+    """Make `d` (regen's directory) if needed and check that a file can be written there: exit 2 naming --dir
+    rather than a traceback halfway through (e.g. --dir /proc/nope, a read-only installation)."""
+    import tempfile
+
+    what = repr(str(given)) if given is not None else f"the package's golden directory {str(d)!r} (the default)"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=d):  # O_TMPFILE where supported: no name appears, nothing left behind
+            pass
+    except OSError as e:
+        raise UsageError(f"--dir: expected a directory that can be created and written, got {what} "
+                         f"({type(e).__name__}: {e.strerror or e})") from None
+
+
 def _golden_check(args, out: _Out) -> int:
     from .golden import GOLDEN_DIR, GoldenInstallError, check_all
 
@@ -151,7 +166,7 @@ def _golden_regen(args, out: _Out) -> int:
     from .golden import CASES, MANIFEST, read_manifest, regen_case, remove_stale_temp_files, write_manifest
 
     golden_dir = _golden_dir(args)
-    golden_dir.mkdir(parents=True, exist_ok=True)
+    _writable_dir(golden_dir, args.dir)
     for name in remove_stale_temp_files(golden_dir):
         out.text(f"removed {name} (left by an interrupted write)")
     try:
@@ -204,7 +219,7 @@ def _diff_grads(args, out: _Out) -> int:
     _require_device(args.device)
     _require_timeout()
     try:
-        cfg = MoEConfig.parse(args.shape) if args.shape else NAMED[args.config]
+        cfg = MoEConfig.parse(args.shape) if args.shape else NAMED[args.config or "default"]
         check_args(cfg, args.seeds, args.world_sizes, routing=args.routing, reruns=args.reruns, device=args.device,
                    threads=args.threads, impl=args.impl)
     except ValueError as e:
@@ -262,8 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     _output_flags(g)
     g.set_defaults(func=lambda a, o: (_golden_check if a.action == "check" else _golden_regen)(a, o))
     d = sub.add_parser("diff-grads", help="compare y and all gradients across seeds, world sizes and reruns")
-    d.add_argument("--config", choices=sorted(NAMED), default="default")
-    d.add_argument("--shape", help="T,H,I,E,K[,S] (T = global tokens, divisible by every W)")
+    what = d.add_mutually_exclusive_group()  # one or the other: never one silently ignored
+    what.add_argument("--config", choices=sorted(NAMED), default=None, help="a named config (default: default)")
+    what.add_argument("--shape", help="T,H,I,E,K[,S] (T = global tokens, divisible by every W)")
     d.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     d.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
     d.add_argument("--reruns", type=int, default=2)

@@ -45,6 +45,9 @@ def _fold(v: TensorVerdict, which: str, a, b) -> None:
     setattr(v, f"{which}_ulp", max(getattr(v, f"{which}_ulp"), ulp))
 
 
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes [-2**63, 2**64); negatives alias 2**64 + seed
+
+
 def _int(name: str, v, low: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
         raise ValueError(f"{name}: expected an int >= {low}, got {v!r}")
@@ -74,6 +77,10 @@ def check_args(cfg: MoEConfig, seeds, world_sizes, *, routing="random", reruns=2
         problem = sizes_problem(cfg.H, cfg.I, cfg.S)
         if problem:
             raise ValueError(f"shape: {problem} (or pass impl 'reference')")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED:
+            raise ValueError(f"seeds: expected ints in [0, 2**64 - 1] (torch.manual_seed's range; a negative seed "
+                             f"would alias 2**64 + seed), got {s!r} in {list(seeds)}")
     if len(seeds) < 2 or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: expected at least 2 distinct seeds (to show equality is not vacuous), got {list(seeds)}")
     _int("reruns", reruns, 2)

@@ -41,20 +41,32 @@ import torch.multiprocessing as mp
 _PRELOAD = ["torch", "torch.distributed", "torch.distributed.nn.functional", "mok.harness.runner", "mok.reference"]
 TIMEOUT_ENV = "MOK_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 120.0  # collective (and rendezvous) timeout of the workers' process group
+# its bounds: gloo counts whole milliseconds (1e-9 s would be a 0 ms timeout), and much above a week gets
+# nowhere useful before gloo's deadline arithmetic breaks (9e9 s hung a collective; timedelta overflows at 8.6e13 s)
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.001, 7 * 24 * 3600.0
+_TIMEOUT_RANGE = f"in [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}] (1 ms to 7 days)"
+_STALL_GRACE_S = 1.0  # after a rank's collective timed out, how long the others get to report before naming stragglers
 _KILL_WAIT_S = 10.0  # how long `launch` waits for killed workers to be reaped
 
 
 class WorkerError(RuntimeError):
     """A worker process failed: `rank` and its message (exception type and text, or how it died)."""
 
-    def __init__(self, rank: int, message: str, failed: list[int], details: str = ""):
+    def __init__(self, rank: int, message: str, failed: list[int], details: str = "", stalled: list[int] = ()):
         others = f" (ranks {failed} failed)" if len(failed) > 1 else ""
-        super().__init__(f"rank {rank}{others}: {message}")
+        straggle = ""
+        if stalled:
+            straggle = (f" [still running without an error {_STALL_GRACE_S:g} s after the timeout: "
+                        f"{'rank' if len(stalled) == 1 else 'ranks'} {', '.join(map(str, stalled))}; "
+                        f"a rank that never joined the collective is among them]")
+        super().__init__(f"rank {rank}{others}: {message}{straggle}")
         self.rank, self.message, self.failed, self.details = rank, message, failed, details
+        self.stalled = list(stalled)
 
 
 def timeout_from_env(default: float = DEFAULT_TIMEOUT_S) -> float:
-    """The collective timeout in seconds: $MOK_DIST_TIMEOUT_S if set (a number > 0), else `default`."""
+    """The collective timeout in seconds: $MOK_DIST_TIMEOUT_S if set (a number of seconds in
+    [MIN_TIMEOUT_S, MAX_TIMEOUT_S], 1 ms to 7 days), else `default`. ValueError naming the variable otherwise."""
     text = os.environ.get(TIMEOUT_ENV)
     if text is None:
         return default
@@ -62,9 +74,19 @@ def timeout_from_env(default: float = DEFAULT_TIMEOUT_S) -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{TIMEOUT_ENV}: expected a number of seconds > 0, got {text!r}")
+    if not MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S:  # NaN fails too
+        raise ValueError(f"{TIMEOUT_ENV}: expected a number of seconds {_TIMEOUT_RANGE}, got {text!r}")
     return value
+
+
+def check_timeout(timeout_s, name: str = "timeout_s") -> float:
+    """`timeout_s` as a float, if a number of seconds in [MIN_TIMEOUT_S, MAX_TIMEOUT_S]; TypeError / ValueError
+    starting with `name` otherwise."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        raise TypeError(f"{name}: expected a number of seconds, got {type(timeout_s).__name__} {timeout_s!r}")
+    if not MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(f"{name}: expected a number of seconds {_TIMEOUT_RANGE}, got {timeout_s!r}")
+    return float(timeout_s)
 
 
 # ---------------------------------------------------------------- inside a worker
@@ -148,11 +170,12 @@ def _worker(rank: int, world_size: int, tmp: str, fn, args: tuple, device: str, 
             dist.init_process_group(backend, init_method=f"file://{os.path.join(tmp, 'init')}", rank=rank,
                                     world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
             group = dist.group.WORLD
-        out = fn(rank, world_size, group, *args)
+        # the result checked before the group goes: a bad one is reported before the peers see this rank leave
+        data = _result_bytes(fn(rank, world_size, group, *args))
         group = None  # the last reference: destroying the group then stops its threads
         if dist.is_initialized():
             dist.destroy_process_group()
-        _write_atomic(os.path.join(tmp, f"rank{rank}.pt"), _to_bytes(out))
+        _write_atomic(os.path.join(tmp, f"rank{rank}.pt"), data)
     except BaseException as e:  # noqa: BLE001 - reported to the launcher, which reports it to the user
         _report_error(rank, tmp, e)
         raise SystemExit(1) from None
@@ -164,6 +187,27 @@ def _to_bytes(obj) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
+
+
+RESULT_TYPES = "tensors, numbers, strings, bytes, None, torch dtypes/devices/sizes, and lists, tuples and dicts of them"
+
+
+def _result_bytes(obj) -> bytes:
+    """`obj` saved, once the worker has checked that the launcher can load it back (`torch.load(weights_only=True)`,
+    which refuses arbitrary classes): otherwise TypeError naming the result's type, raised in the worker, so the
+    launcher reports it with the rank."""
+    import io
+
+    try:
+        data = _to_bytes(obj)
+        torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - pickling or weights_only loading: named below
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
+        why = next((ln.split("WeightsUnpickler error: ")[-1].split(". Please use")[0] for ln in lines
+                    if "Unsupported global" in ln), lines[0])  # e.g. "Unsupported global: GLOBAL mod.Cls was not ..."
+        raise TypeError(f"result: fn returned {type(obj).__module__}.{type(obj).__qualname__}, which the launcher "
+                        f"cannot load back ({type(e).__name__}: {why}); return {RESULT_TYPES}") from None
+    return data
 
 
 # ---------------------------------------------------------------- in the launching process
@@ -189,6 +233,8 @@ def _failure(rank: int, exitcode: int, tmp: str) -> tuple[str, str]:
             msg = f"died from signal {signal.Signals(-exitcode).name}"
         except ValueError:
             msg = f"died from signal {-exitcode}"
+    elif exitcode == 0:
+        msg = "exited with status 0 without a result (fn's process ended early, e.g. os._exit(0))"
     else:
         msg = f"exited with status {exitcode} without reporting an error"
     return msg, msg
@@ -271,16 +317,19 @@ def launch(fn, args: tuple = (), world_size: int = 1, *, device: str = "cpu", th
         world_size: W >= 1. W > 1 joins the processes in a process group (gloo on the CPU).
         device: "cpu" or "cuda" (rank r uses GPU r % device_count).
         threads: torch threads per process.
-        timeout_s: collective and rendezvous timeout; default `timeout_from_env()` (120 s).
+        timeout_s: collective and rendezvous timeout in seconds, 0.001 to 604800 (7 days); default
+            `timeout_from_env()` (120 s).
     Returns:
-        the W return values, rank order.
+        the W return values, rank order: each must be something `torch.load(weights_only=True)` reads back
+        (RESULT_TYPES), else the worker fails with a TypeError naming the type.
     Raises:
-        WorkerError when a worker raises or dies (the others are killed at once).
+        WorkerError when a worker raises, dies, exits without a result or returns what cannot be loaded
+        (the others are killed at once). ValueError / TypeError for bad arguments, before any process starts.
     """
     check_world_size(world_size, device)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads: expected an int >= 1, got {threads!r}")
-    timeout_s = timeout_from_env() if timeout_s is None else float(timeout_s)
+    timeout_s = timeout_from_env() if timeout_s is None else check_timeout(timeout_s)
     ctx = mp.get_context("forkserver")
     mp.set_forkserver_preload(_PRELOAD)  # effective when this process first starts its fork server
     procs: list = []
@@ -295,11 +344,7 @@ def launch(fn, args: tuple = (), world_size: int = 1, *, device: str = "cpu", th
                 p.start()
                 procs.append(p)
             _wait(procs, tmp)
-            results = []
-            for rank in range(world_size):
-                with open(os.path.join(tmp, f"rank{rank}.pt"), "rb") as f:
-                    results.append(torch.load(f, weights_only=True))
-            return results
+            return [_load_result(rank, tmp) for rank in range(world_size)]
         finally:
             with _signals_deferred():
                 _kill_all(procs)
@@ -307,8 +352,37 @@ def launch(fn, args: tuple = (), world_size: int = 1, *, device: str = "cpu", th
                     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _load_result(rank: int, tmp: str):
+    """Rank `rank`'s return value; WorkerError naming the rank if it cannot be read back."""
+    try:
+        with open(os.path.join(tmp, f"rank{rank}.pt"), "rb") as f:
+            return torch.load(f, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - the worker checked it loads (_result_bytes): a damaged or missing file
+        msg = f"its result could not be loaded ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
+        raise WorkerError(rank, msg, [rank], msg) from None
+
+
+def _has_result(rank: int, tmp: str) -> bool:
+    return os.path.exists(os.path.join(tmp, f"rank{rank}.pt"))
+
+
+_TIMED_OUT = ("Timed out", "collective operation timeout")  # gloo's (and the store's), nccl's watchdog's words
+
+
+def _stalled(procs: list, tmp: str) -> list[int]:
+    """After a collective timed out: the ranks still running without an error once the others have had
+    _STALL_GRACE_S to fail too (those waiting in the same collective time out or lose their peer meanwhile)."""
+    deadline = time.monotonic() + _STALL_GRACE_S
+    while True:
+        alive = [r for r, p in enumerate(procs) if p.exitcode is None and _error_report(r, tmp) is None]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        connection.wait([procs[r].sentinel for r in alive], timeout=max(0.0, deadline - time.monotonic()))
+
+
 def _wait(procs: list, tmp: str) -> None:
-    """Until every worker has exited 0; on the first failure, raise WorkerError (the caller kills the rest)."""
+    """Until every worker has exited 0 with a result; on the first failure, raise WorkerError (the caller kills
+    the rest)."""
     pending = {p.sentinel: r for r, p in enumerate(procs)}
     while pending:
         ready = connection.wait(list(pending), timeout=1.0)
@@ -316,7 +390,7 @@ def _wait(procs: list, tmp: str) -> None:
         for s in ready:
             r = pending.pop(s)
             procs[r].join()
-            if procs[r].exitcode != 0:
+            if procs[r].exitcode != 0 or not _has_result(r, tmp):  # exit 0 without a result: os._exit(0) in fn
                 failed.append(r)
         if failed:
             # every rank that has failed or reported an error by now (a report is written before its
@@ -326,7 +400,8 @@ def _wait(procs: list, tmp: str) -> None:
                             | {r for r, p in enumerate(procs) if p.exitcode not in (None, 0)})
             first = _cause(failed, reports)
             msg, details = _failure(first, procs[first].exitcode, tmp)
-            raise WorkerError(first, msg, failed, details)
+            stalled = _stalled(procs, tmp) if any(w in msg for w in _TIMED_OUT) else []
+            raise WorkerError(first, msg, failed, details, stalled)
 
 
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker")  # gloo's words

@@ -71,6 +71,8 @@ def check(experts: nn.Module) -> None:
 
 def check_model(model: nn.Module) -> list[str]:
     """Check every experts module of `model` (raises like `check`); returns their qualified names."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module (a transformers model), got {type(model).__name__}")
     names = []
     for name, module in model.named_modules():
         if hasattr(module, "has_gate") and hasattr(module, "_is_expert_parallel"):  # @use_experts_implementation
@@ -97,6 +99,37 @@ def _weights(experts: nn.Module, H: int):
     if not getattr(experts, "is_concatenated", True):  # interleaved rows: gate rows first
         gate_up = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1)
     return gate_up.contiguous(), down.contiguous()
+
+
+# ids widen to int64 exactly (uint64 could wrap); weights widen to fp32 exactly (float64 would be rounded)
+_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_inputs(hidden_states, top_k_index, top_k_weights) -> None:
+    """Types, dtypes and shapes of the experts function's inputs, named as transformers names them: nothing is
+    truncated (float ids), rounded (float64 weights) or reinterpreted (integer weights) on the way in."""
+    for name, t in (("hidden_states", hidden_states), ("top_k_index", top_k_index),
+                    ("top_k_weights", top_k_weights)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if hidden_states.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"hidden_states: expected dtype torch.float32 or torch.bfloat16, got {hidden_states.dtype}")
+    if top_k_index.dtype not in _ID_DTYPES:
+        raise TypeError(f"top_k_index: expected integer expert ids (dtype torch.int64 or another of {_ID_DTYPES}), "
+                        f"got {top_k_index.dtype}")
+    if top_k_weights.dtype not in _WEIGHT_DTYPES:
+        raise TypeError(f"top_k_weights: expected floating routing weights of dtype torch.float32, torch.bfloat16 or "
+                        f"torch.float16 (exact in float32), got {top_k_weights.dtype}")
+    if hidden_states.dim() != 2:
+        raise ValueError(f"hidden_states: expected 2 dimensions [T, H], got shape {tuple(hidden_states.shape)}")
+    T = hidden_states.shape[0]
+    if top_k_index.dim() != 2 or top_k_index.shape[0] != T:
+        raise ValueError(f"top_k_index: expected shape [T = {T}, K] (T = hidden_states.shape[0]), "
+                         f"got {tuple(top_k_index.shape)}")
+    if top_k_weights.shape != top_k_index.shape:
+        raise ValueError(f"top_k_weights: expected the shape of top_k_index {tuple(top_k_index.shape)}, "
+                         f"got {tuple(top_k_weights.shape)}")
 
 
 def _pick(requested: str, device: torch.device, H: int, I: int) -> str:
@@ -141,15 +174,14 @@ def make_experts_forward(backend: str = "auto", recompute: bool = False):
 
         Args:
             self: the experts module (gate_up_proj [L, 2I, H], down_proj [L, H, I]; fp32 or bf16).
-            hidden_states: [T, H] float32 or bfloat16. top_k_index: [T, K] integer expert ids (local ids
-                under expert parallelism, >= num_experts for other ranks' experts).
-            top_k_weights: [T, K] routing weights, any float dtype (used in fp32, as given).
+            hidden_states: [T, H] float32 or bfloat16. top_k_index: [T, K] integer expert ids (int64 from
+                transformers' routers; local ids under expert parallelism, >= num_experts for other ranks' experts).
+            top_k_weights: [T, K] routing weights, float32, bfloat16 or float16 (used in fp32, exactly as given).
         Returns:
             [T, H] in hidden_states' dtype: Σ_k w_k · expert_k(x), one bf16 rounding per token.
         """
         check(self)
-        if hidden_states.dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError(f"hidden_states: expected dtype torch.float32 or torch.bfloat16, got {hidden_states.dtype}")
+        _check_inputs(hidden_states, top_k_index, top_k_weights)
         H = hidden_states.shape[-1]
         gate_up, down = _weights(self, H)
         idx, w = top_k_index.long(), top_k_weights.float()

@@ -110,18 +110,51 @@ def check_block(block) -> None:
                      f"got {type(block).__name__} with {'; '.join(missing)}, which mok.MoE cannot hold. {hint}")
 
 
+def _shape_error(what: str, expected: str, got) -> ValueError:
+    return ValueError(f"{what}: expected {expected}, got {tuple(got)}")
+
+
 def _dims(block) -> tuple[int, int, int, int, bool]:
-    """(H, I, E, K, normalize) of a Qwen3MoeSparseMoeBlock of either layout."""
-    if _is_v5(block):
-        E, two_I, H = block.experts.gate_up_proj.shape
-        return H, two_I // 2, E, block.gate.top_k, bool(block.gate.norm_topk_prob)
+    """(H, I, E, K, normalize) of a Qwen3MoeSparseMoeBlock of either layout, after checking that the router's
+    and every expert's weight shapes agree (ValueError naming the attribute) and that norm_topk_prob is a real
+    bool (TypeError: bool("false") would be True)."""
+    if block.gate.weight.dim() != 2:
+        raise _shape_error("block.gate.weight", "[E, H] (2 dimensions)", block.gate.weight.shape)
     E, H = block.gate.weight.shape
-    return H, block.experts[0].gate_proj.weight.shape[0], E, block.top_k, bool(block.norm_topk_prob)
+    if _is_v5(block):
+        where = "block.gate"
+        gate_up, down = block.experts.gate_up_proj, block.experts.down_proj
+        if gate_up.dim() != 3 or gate_up.shape[0] != E or gate_up.shape[2] != H or gate_up.shape[1] % 2:
+            raise _shape_error("block.experts.gate_up_proj", f"[E, 2I, H] = [{E}, 2I, {H}] (E, H of block.gate.weight "
+                               f"{tuple(block.gate.weight.shape)}; an even number 2I of gate and up rows)",
+                               gate_up.shape)
+        I = gate_up.shape[1] // 2
+        if tuple(down.shape) != (E, H, I):
+            raise _shape_error("block.experts.down_proj", f"[E, H, I] = [{E}, {H}, {I}] (I = half the rows of "
+                               f"block.experts.gate_up_proj {tuple(gate_up.shape)})", down.shape)
+        K, normalize = block.gate.top_k, block.gate.norm_topk_prob
+    else:
+        where = "block"
+        if len(block.experts) != E:
+            raise ValueError(f"block.experts: expected E = {E} experts (block.gate.weight "
+                             f"{tuple(block.gate.weight.shape)}), got {len(block.experts)}")
+        I = block.experts[0].gate_proj.weight.shape[0]
+        for e, m in enumerate(block.experts):
+            for name, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+                w = getattr(m, name).weight
+                if tuple(w.shape) != shape:
+                    raise _shape_error(f"block.experts[{e}].{name}.weight", f"{list(shape)} (I = {I} of "
+                                       f"block.experts[0].gate_proj, H = {H} of block.gate.weight)", w.shape)
+        K, normalize = block.top_k, block.norm_topk_prob
+    if not isinstance(normalize, bool):
+        raise TypeError(f"{where}.norm_topk_prob: expected a bool, got {normalize!r}")
+    return H, I, E, K, normalize
 
 
 def hf_expert_weights(block) -> dict:
     """{"router" [E, H], "gate" [E, I, H], "up" [E, I, H], "down" [E, H, I]} of a Qwen3-MoE block (copies)."""
     check_block(block)
+    _dims(block)  # consistent shapes (ValueError naming the attribute)
     with torch.no_grad():
         if _is_v5(block):
             I = block.experts.gate_up_proj.shape[1] // 2
@@ -171,6 +204,10 @@ def to_hf_qwen3_moe(moe: MoE, *, dtype=None):
         moe: mok.MoE with W = 1, no shared expert, softmax scores.
         dtype: the block's parameter dtype; default the module's.
     """
+    if not isinstance(moe, MoE):
+        raise TypeError(f"moe: expected a mok.MoE, got {type(moe).__name__}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype: expected None or a floating torch.dtype, got {dtype!r}")
     if moe.shared_intermediate_size:
         raise ValueError(f"moe.shared_intermediate_size: expected 0 (Qwen3-MoE has no shared expert), "
                          f"got {moe.shared_intermediate_size}")
