@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mok import reference
+from mok.harness.bits import assert_bitwise_equal
 from mok.nn import losses
 
 
@@ -159,3 +160,56 @@ def test_fast_router_losses_are_nan_for_bad_ids_without_reading_them(monkeypatch
             assert torch.isnan(t).all() if bad else not torch.isnan(t).any(), name
             if w is not None and not bad:
                 assert torch.equal(t, w), name
+
+
+@pytest.mark.parametrize("backend", [
+    "reference",  # the check would read the ids on the host (a synchronisation on CUDA)
+    "fast",  # the check would add device kernels each way (emulated by a stand-in backend)
+])
+def test_the_module_skips_the_id_check_of_its_own_routing_and_gives_the_same_bits(monkeypatch, backend):
+    """mok.MoE's forward takes its router's ids, in range by construction, to `router_losses_of_router`: the checks
+    are not run (they cost host time every step) and the losses and their gradients are those of the checked
+    public `router_losses`."""
+    from types import SimpleNamespace
+
+    import mok
+    from mok.nn import router_ops
+
+    torch.manual_seed(0)
+    m = mok.MoE(16, 8, 4, 2)
+    r = m.route(torch.randn(6, 16))  # the reference router; the fast backend is a stand-in for the losses only
+    scores, logits, idx = r.scores.detach(), r.logits.detach(), r.topk_idx
+    fake = SimpleNamespace(router_losses=losses.router_losses, router_losses_backward=losses.router_losses_backward)
+    monkeypatch.setattr(router_ops, "_impl", lambda b: fake)
+    got, want = [], []
+    for fn, out in ((router_ops.router_losses_of_router, got), (router_ops.router_losses, want)):
+        s, l = scores.clone().requires_grad_(), logits.clone().requires_grad_()
+        with monkeypatch.context() as p:
+            if fn is router_ops.router_losses_of_router:
+                for check in ("_check_ids", "_nan_if_bad_ids"):
+                    p.setattr(router_ops, check, lambda *a, _c=check: pytest.fail(f"{_c} ran on the router's ids"))
+            lb, z = fn(s, l, idx, score=m.score, backend=backend)
+            (lb + 2 * z).backward()
+        out += [lb, z, s.grad, l.grad]
+    for name, a, b in zip(("load_balance", "z", "d_scores", "d_logits"), got, want, strict=True):
+        assert_bitwise_equal(a, b, name)
+
+
+def test_module_forward_takes_the_unchecked_path_and_public_router_losses_the_checked_one(monkeypatch):
+    """m(x, return_router_losses=True) runs no id check; m.router_losses(routing) (a Routing a user may have built)
+    does; both give the same losses."""
+    import mok
+    from mok.nn import router_ops
+
+    torch.manual_seed(0)
+    m = mok.MoE(16, 8, 4, 2)
+    x = torch.randn(6, 16)
+    calls = []
+    real = router_ops._check_ids
+    monkeypatch.setattr(router_ops, "_check_ids", lambda *a: (calls.append(1), real(*a)))
+    _, (lb, z) = m(x, return_router_losses=True)
+    assert calls == [], "the module's forward checked its own router's ids"
+    lb2, z2 = m.router_losses(m.route(x))
+    assert calls == [1], "the public router_losses did not check the ids"
+    assert_bitwise_equal(lb, lb2, "load_balance")
+    assert_bitwise_equal(z, z2, "z")

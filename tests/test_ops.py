@@ -150,9 +150,10 @@ def test_opcheck_router_and_losses(score, normalize, x_dtype):
     torch.library.opcheck(ops.router_bwd, (x16, w16, sc, idx, torch.randn_like(tw), torch.randn_like(sc),
                                            torch.randn_like(lg), score, normalize, "reference"))
     torch.library.opcheck(ops.router_bwd, (x16, w16, sc, idx, None, None, None, score, normalize, "reference"))
-    torch.library.opcheck(ops.router_losses_fwd, (_req(sc), _req(lg), idx, score, "reference"))
     one = torch.tensor(1.0)
-    torch.library.opcheck(ops.router_losses_bwd, (one, one, sc, lg, idx, score, "reference"))
+    for check_ids in (True, False):  # the public router_losses; the module's own routing (router_losses_of_router)
+        torch.library.opcheck(ops.router_losses_fwd, (_req(sc), _req(lg), idx, score, "reference", check_ids))
+        torch.library.opcheck(ops.router_losses_bwd, (one, one, sc, lg, idx, score, "reference", check_ids))
 
 
 def _run(model, x, dy, params_of):

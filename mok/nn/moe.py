@@ -11,6 +11,7 @@ from ..reference import SCORES, check_ep_split, world
 from . import _init
 from . import backend as _backend
 from . import ops
+from .router_ops import router_losses_of_router
 
 
 class Routing(NamedTuple):
@@ -347,6 +348,7 @@ class MoE(nn.Module):
         routing = self._route(x_TH)
         y_TH = self._compute_experts(x_TH, routing.topk_idx, routing.topk_weight)
         y = y_TH.view(x.shape).to(x.dtype, copy=True)  # a new tensor, not a view (FSDP2 hooks the output)
-        if return_router_losses:
-            return y, self.router_losses(routing)
+        if return_router_losses:  # the routing is the router's own: its ids are in range
+            return y, RouterLosses(*router_losses_of_router(routing.scores, routing.logits, routing.topk_idx,
+                                                            score=self.score, backend=self.backend_in_use))
         return y

@@ -170,53 +170,58 @@ def _nan_if_bad_ids(outputs, topk_idx: Tensor, E: int) -> tuple:
     return tuple(torch.where(bad, float("nan"), t) for t in outputs)
 
 
-def _router_losses_fwd(scores: Tensor, logits: Tensor, topk_idx: Tensor, score: str,
-                      backend: str) -> tuple[Tensor, Tensor]:
-    """(load_balance [] fp32, z [] fp32). See `router_losses`."""
+def _router_losses_fwd(scores: Tensor, logits: Tensor, topk_idx: Tensor, score: str, backend: str,
+                       check_ids: bool) -> tuple[Tensor, Tensor]:
+    """(load_balance [] fp32, z [] fp32). See `router_losses`. check_ids False: the ids come from `router` (in
+    range by construction), so their values are not checked (`router_losses_of_router`)."""
     if backend == "reference":
-        _check_ids(topk_idx, scores.shape[1])
+        if check_ids:
+            _check_ids(topk_idx, scores.shape[1])
         return losses.router_losses(scores, logits, topk_idx, score)
-    return _nan_if_bad_ids(_impl(backend).router_losses(scores, logits, topk_idx, score), topk_idx, scores.shape[1])
+    out = _impl(backend).router_losses(scores, logits, topk_idx, score)
+    return _nan_if_bad_ids(out, topk_idx, scores.shape[1]) if check_ids else tuple(out)
 
 
 router_losses_fwd = torch.library.custom_op("mok::router_losses_fwd", mutates_args=())(_router_losses_fwd)
 
 
 @router_losses_fwd.register_fake
-def _(scores, logits, topk_idx, score, backend):
+def _(scores, logits, topk_idx, score, backend, check_ids):
     return scores.new_empty(()), scores.new_empty(())
 
 
 def _router_losses_bwd(d_balance: Tensor, d_z: Tensor, scores: Tensor, logits: Tensor, topk_idx: Tensor,
-                      score: str, backend: str) -> tuple[Tensor, Tensor]:
+                       score: str, backend: str, check_ids: bool) -> tuple[Tensor, Tensor]:
     """(d_scores [T, E] fp32, d_logits [T, E] fp32)."""
     grads = _losses_impl(backend).router_losses_backward(d_balance, d_z, scores, logits, topk_idx, score)
-    return tuple(grads) if backend == "reference" else _nan_if_bad_ids(grads, topk_idx, scores.shape[1])
+    if backend == "reference" or not check_ids:
+        return tuple(grads)
+    return _nan_if_bad_ids(grads, topk_idx, scores.shape[1])
 
 
 router_losses_bwd = torch.library.custom_op("mok::router_losses_bwd", mutates_args=())(_router_losses_bwd)
 
 
 @router_losses_bwd.register_fake
-def _(d_balance, d_z, scores, logits, topk_idx, score, backend):
+def _(d_balance, d_z, scores, logits, topk_idx, score, backend, check_ids):
     return torch.empty_like(scores), torch.empty_like(logits)
 
 
 def _losses_setup(ctx, inputs, output):
-    scores, logits, topk_idx, score, backend = inputs
+    scores, logits, topk_idx, score, backend, check_ids = inputs
     ctx.save_for_backward(scores, logits, topk_idx)
     ctx.set_materialize_grads(False)
-    ctx.args = (score, backend)
+    ctx.args = (score, backend, check_ids)
 
 
 def _losses_backward(ctx, d_balance, d_z, bwd=None):
     if d_balance is None and d_z is None:
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     scores, logits, topk_idx = ctx.saved_tensors
     zero = scores.new_zeros(())
     d_s, d_l = (bwd or router_losses_bwd)(d_balance if d_balance is not None else zero,
                                           d_z if d_z is not None else zero, scores, logits, topk_idx, *ctx.args)
-    return d_s, d_l, None, None, None
+    return d_s, d_l, None, None, None, None
 
 
 router_losses_fwd.register_autograd(_losses_backward, setup_context=_losses_setup)
@@ -254,4 +259,14 @@ def router_losses(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: Tensor, *, 
             each way on the GPU, fixed-order sums, deterministic, not the reference's bits).
     """
     _check_losses_args(scores_TE, logits_TE, topk_idx_TK, score, backend)
-    return apply(router_losses_fwd, _Losses, scores_TE, logits_TE, topk_idx_TK, score, backend)
+    return apply(router_losses_fwd, _Losses, scores_TE, logits_TE, topk_idx_TK, score, backend, True)
+
+
+def router_losses_of_router(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: Tensor, *, score: str = "softmax",
+                            backend: str = "reference"):
+    """`router_losses` of a routing `router` has just made (mok.MoE's forward): the same values and checks but for
+    the ids' range, which holds by construction. Checking it costs a host synchronisation on the reference
+    backend and, on the fast one, six small kernels and their launches each way (about 0.2 ms of host time a step:
+    `python benchmarks/host_cost.py --module`). Arguments as `router_losses`."""
+    _check_losses_args(scores_TE, logits_TE, topk_idx_TK, score, backend)
+    return apply(router_losses_fwd, _Losses, scores_TE, logits_TE, topk_idx_TK, score, backend, False)
