@@ -27,7 +27,7 @@ def stub_gpu() -> list:
     import fast_emulator
 
     import mok.fast as fast
-    from mok.fast import _checks, _context, _lib
+    from mok.fast import _checks, _context, _lib, _router
 
     calls = []
     _lib._call = lambda name, device, *args: calls.append(name)
@@ -35,6 +35,7 @@ def stub_gpu() -> list:
     _lib._workspace_bytes.cache_clear()
     for mod in (fast, _checks, _context):
         mod.check_inputs = fast_emulator._check_inputs
+    _router._on_cuda = lambda name, t: None  # the router's tensors are on the CPU here
     fast_emulator.stub_streams()
     return calls
 

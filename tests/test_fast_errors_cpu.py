@@ -40,3 +40,36 @@ def test_missing_cutlass_is_a_clear_error(monkeypatch):
 def test_no_gpu_is_a_clear_error():
     with pytest.raises(_build.FastPathUnavailable, match="GPU"):
         _build.library()
+
+
+def _router_args(T=4, H=16, E=6):
+    x, w = torch.randn(T, H).bfloat16(), torch.randn(E, H).bfloat16()
+    return x, w
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    # CPU tensors: named before any CUDA call (was an AssertionError from torch's CUDA stream API)
+    (lambda x, w: mok.fast.router_forward(x, w, 2, "softmax", True), ValueError, "^x_TH: expected a CUDA tensor"),
+    (lambda x, w: mok.fast.router_backward(x, w, None, None, None, None, None, "softmax", True), ValueError,
+     "^x_TH: expected a CUDA tensor"),
+    (lambda x, w: mok.fast.router_losses(torch.rand(4, 6), torch.rand(4, 6), torch.zeros(4, 2, dtype=torch.long),
+                                         "softmax"), ValueError, "^scores_TE: expected a CUDA tensor"),
+    (lambda x, w: mok.fast.router_losses_backward(torch.tensor(1.0), torch.tensor(1.0), torch.rand(4, 6),
+                                                  torch.rand(4, 6), torch.zeros(4, 2, dtype=torch.long), "softmax"),
+     ValueError, "^scores_TE: expected a CUDA tensor"),
+    # options the kernels would misread: "relu" as sigmoid, True as K = 1, a truthy string as normalize
+    (lambda x, w: mok.fast.router_forward(x, w, 2, "relu", True), ValueError, "^score: expected one of"),
+    (lambda x, w: mok.fast.router_forward(x, w, True, "softmax", True), TypeError, "^k: expected an int"),
+    (lambda x, w: mok.fast.router_forward(x, w, 2, "softmax", "yes"), TypeError, "^normalize: expected a bool"),
+    (lambda x, w: mok.fast.router_losses(torch.rand(4, 6), torch.rand(4, 6), torch.zeros(4, 2, dtype=torch.long),
+                                         "Softmax"), ValueError, "^score: expected one of"),
+    (lambda x, w: mok.fast.router_forward(x.tolist(), w, 2, "softmax", True), TypeError, "^x_TH: expected a torch"),
+])
+def test_fast_router_refuses_what_its_kernels_would_misread(monkeypatch, call, exc, match):
+    from mok.fast import _router
+
+    x, w = _router_args()
+    if "CUDA" not in match:  # get past the device check to the options
+        monkeypatch.setattr(_router, "_on_cuda", lambda name, t: None)
+    with pytest.raises(exc, match=match):
+        call(x, w)
