@@ -54,7 +54,8 @@ def _require_harness() -> None:
             missing.append(name)
     if missing:
         raise UsageError(f"the verification harness needs {', '.join(HARNESS_MODULES)}; missing: {', '.join(missing)}. "
-                         f"Install them with: pip install {' '.join(missing)} (or, in mok's source tree: pip install -e '.[harness]')")
+                         f"Install them with: pip install {' '.join(missing)} "
+                         f"(or, in mok's source tree: pip install -e '.[harness]')")
 
 
 def _require_device(device: str) -> None:
@@ -287,8 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     d.add_argument("--threads", type=int, default=1)
     d.add_argument("--impl", choices=("reference", "fast"), default=None,
-                   help="the layer to run (fast: on cuda, W ranks sharing the GPUs); default: fast on cuda, reference on "
-                        "cpu (docs/expert_parallel.md)")
+                   help="the layer to run (fast: on cuda, W ranks sharing the GPUs); default: fast on cuda, "
+                        "reference on cpu (docs/expert_parallel.md)")
     _output_flags(d)
     d.set_defaults(func=_diff_grads)
     return p

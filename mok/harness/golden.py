@@ -71,8 +71,8 @@ def require_installed(golden_dir: Path | None = None) -> None:
     if missing:
         raise GoldenInstallError(
             f"golden files missing from {golden_dir}: {', '.join(missing)}. They are package data of mok.harness, "
-            f"so this mok installation is incomplete: reinstall mok from its source tree (pip install --force-reinstall --no-deps '.[harness]', or "
-            f"-e for an editable install)")
+            f"so this mok installation is incomplete: reinstall mok from its source tree "
+            f"(pip install --force-reinstall --no-deps '.[harness]', or -e for an editable install)")
 
 
 def tensor_sha256(t: torch.Tensor) -> str:
