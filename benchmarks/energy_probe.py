@@ -15,8 +15,9 @@ variable for that workload's calls (e.g. `mok:qwen3-30b-a3b+MOK_FAST_GEMM_VARIAN
 
 `--rounds N` runs the list N times, every second round in reverse order (so that a drift of the GPU's state
 over the call weighs on every workload alike), and ends with each workload's median and range over the rounds.
+`--preset issue13` runs the matmul and the four shapes of issue 13 and ends with its targets (`targets.py`).
 
-Usage: python benchmarks/energy_probe.py [workload ...] [--seconds 4] [--cool 2] [--rounds 1]
+Usage: python benchmarks/energy_probe.py [workload ...] [--preset issue13] [--seconds 4] [--cool 2] [--rounds 1]
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dense_floor import dense_products, dense_step  # noqa: E402
 from bench_moe import CONFIGS, SUITE, Method, load_configs, make_bench_inputs, timed  # noqa: E402
 from mok.fast import _tiles  # noqa: E402
+from targets import PRESET, target_rows  # noqa: E402
 
 DEFAULT = ["matmul", "mok:qwen3-30b-a3b", "grouped_mm:qwen3-30b-a3b", "mok:mixtral-8x7b", "matmul"]
 
@@ -172,11 +174,15 @@ def summarize(results: list[tuple[str, dict]]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("workloads", nargs="*", default=DEFAULT)
+    ap.add_argument("workloads", nargs="*")
+    ap.add_argument("--preset", choices=("issue13",), help="issue 13's workloads (after any given), and its targets")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--cool", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
+    if a.preset:
+        a.workloads = a.workloads + PRESET
+    a.workloads = a.workloads or DEFAULT
     configs = {x["name"]: x for x in load_configs(CONFIGS) + load_configs(SUITE)}
     for spec in a.workloads:  # every spec checked before the first one runs
         parse_workload(spec, configs)
@@ -187,11 +193,12 @@ def main() -> None:
     print("| workload | burst ms | steady ms | burst TFLOP/s | steady TFLOP/s | J per call | mean W | mean SM MHz "
           "| GFLOP per J |")
     print("|---|---|---|---|---|---|---|---|---|")
-    results = []
+    results, flops_of = [], {}
     for r, spec in order:
         fn, flops = workload(spec, configs)
         m = measure(fn, nvml, a.seconds, a.cool)
         results.append((spec, m))
+        flops_of[spec] = flops
         name = spec if a.rounds == 1 else f"{spec} (round {r + 1})"
         print(f"| {name} | {m['burst_ms']:.2f} | {m['steady_ms']:.2f} | {flops / m['burst_ms'] / 1e9:.0f} | "
               f"{flops / m['steady_ms'] / 1e9:.0f} | {m['j']:.3f} | {m['w']:.0f} | {m['mhz']:.0f} | "
@@ -203,6 +210,9 @@ def main() -> None:
         print("| workload | rounds | burst ms, median (min-max) | steady ms, median (min-max) |")
         print("|---|---|---|---|")
         print("\n".join(summarize(results)))
+    if a.preset:
+        print("\nissue 13's targets (benchmarks/targets.py):")
+        print("\n".join(target_rows(results, flops_of)))
 
 
 if __name__ == "__main__":
