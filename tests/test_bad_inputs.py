@@ -238,8 +238,8 @@ LOGITS = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
 @pytest.mark.parametrize("kwargs, exc, parts", [
     (dict(k=0), ValueError, ("k", "[1, E = 4]", "0")),                      # k below 1
     (dict(k=5), ValueError, ("k", "[1, E = 4]", "5")),                      # k above E
-    (dict(k=2.0), ValueError, ("k", "an int", "2.0")),                      # float k
-    (dict(k=True), ValueError, ("k", "an int", "True")),                    # bool is not an int here
+    (dict(k=2.0), TypeError, ("k", "an int", "2.0")),                       # float k: a wrong type
+    (dict(k=True), TypeError, ("k", "an int", "True")),                     # bool is not an int here
     (dict(k=2, score="relu"), ValueError, ("score", "softmax", "'relu'")),  # unknown score
     (dict(logits=LOGITS.double(), k=2), TypeError, ("logits", "torch.float32", "torch.float64")),  # fp64 logits
     (dict(logits=LOGITS.long(), k=2), TypeError, ("logits", "torch.float32", "torch.int64")),      # integer logits

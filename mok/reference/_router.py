@@ -116,7 +116,9 @@ def route(logits, k: int, *, score: str = "softmax", normalize: bool = True):
 
 
 def _check_route_args(E: int, k, score, normalize) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= E:
+    if isinstance(k, bool) or not isinstance(k, int):  # TypeError for a wrong type, as mok.router and PyTorch
+        raise TypeError(f"k: expected an int in [1, E = {E}], got {type(k).__name__} {k!r}")
+    if not 1 <= k <= E:
         raise ValueError(f"k: expected an int in [1, E = {E}], got {k!r}")
     _check_score_args(score, normalize)
 
