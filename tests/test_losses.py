@@ -186,8 +186,8 @@ def test_the_module_skips_the_id_check_of_its_own_routing_and_gives_the_same_bit
         s, l = scores.clone().requires_grad_(), logits.clone().requires_grad_()
         with monkeypatch.context() as p:
             if fn is router_ops.router_losses_of_router:
-                for check in ("_check_ids", "_nan_if_bad_ids"):
-                    p.setattr(router_ops, check, lambda *a, _c=check: pytest.fail(f"{_c} ran on the router's ids"))
+                for check in ("check_expert_ids", "_nan_if_bad_ids"):
+                    p.setattr(router_ops, check, lambda *a, _c=check, **k: pytest.fail(f"{_c} ran on the router's ids"))
             lb, z = fn(s, l, idx, score=m.score, backend=backend)
             (lb + 2 * z).backward()
         out += [lb, z, s.grad, l.grad]
@@ -205,8 +205,8 @@ def test_module_forward_takes_the_unchecked_path_and_public_router_losses_the_ch
     m = mok.MoE(16, 8, 4, 2)
     x = torch.randn(6, 16)
     calls = []
-    real = router_ops._check_ids
-    monkeypatch.setattr(router_ops, "_check_ids", lambda *a: (calls.append(1), real(*a)))
+    real = router_ops.check_expert_ids
+    monkeypatch.setattr(router_ops, "check_expert_ids", lambda *a, **k: (calls.append(1), real(*a, **k)))
     _, (lb, z) = m(x, return_router_losses=True)
     assert calls == [], "the module's forward checked its own router's ids"
     lb2, z2 = m.router_losses(m.route(x))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..reference import SCORES
+from ..reference import check_route_args, check_score
 from . import _lib
 from ._lib import Operand, Segment
 
@@ -27,19 +27,13 @@ def _on_cuda(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected a CUDA tensor (mok.fast runs on the GPU), got device {t.device}")
 
 
-def _check_options(name: str, t, score, normalize=False, k=None) -> None:
-    """What the C boundary (`_lib`) does not see: `t` (the first tensor argument) on a CUDA device, `score` one of
-    SCORES (the kernels take softmax or not), `normalize` a bool, `k` an int (not a bool); ValueError / TypeError
-    naming the argument."""
+def _on_cuda_tensor(name: str, t) -> None:
+    """What the C boundary (`_lib`) checks only after allocating outputs on `t`'s device: `t` a tensor on a CUDA
+    device (TypeError / ValueError naming it). The options its kernels read as ints (score as "softmax or not",
+    k, normalize) are checked by the reference's `check_route_args` / `check_score`."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     _on_cuda(name, t)
-    if score not in SCORES:
-        raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize: expected a bool, got {normalize!r}")
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
-        raise TypeError(f"k: expected an int, got {type(k).__name__} {k!r}")
 
 
 def _pad8(n: int) -> int:
@@ -66,7 +60,9 @@ def router_forward(x_TH: torch.Tensor, w_EH: torch.Tensor, k: int, score: str, n
     Returns:
         (topk_weight [T, k] fp32, topk_idx [T, k] int64, scores [T, E] fp32, logits [T, E] fp32).
     """
-    _check_options("x_TH", x_TH, score, normalize, k)
+    _on_cuda_tensor("x_TH", x_TH)
+    _on_cuda_tensor("w_EH", w_EH)
+    check_route_args(w_EH.shape[0], k, score, normalize)
     T, H = x_TH.shape
     E = w_EH.shape[0]
     Ep = _pad8(E)
@@ -87,7 +83,10 @@ def router_forward(x_TH: torch.Tensor, w_EH: torch.Tensor, k: int, score: str, n
 def router_backward(x_TH, w_EH, scores_TE, topk_idx_TK, d_topk_weight_TK, d_scores_TE, d_logits_TE,
                     score: str, normalize: bool):
     """As `mok.reference.router_backward`, on the GPU: (d_x [T, H] bf16, d_w [E, H] fp32)."""
-    _check_options("x_TH", x_TH, score, normalize)
+    _on_cuda_tensor("x_TH", x_TH)
+    _on_cuda_tensor("w_EH", w_EH)
+    _on_cuda_tensor("topk_idx_TK", topk_idx_TK)
+    check_route_args(w_EH.shape[0], topk_idx_TK.shape[1], score, normalize)
     T, H = x_TH.shape
     E = w_EH.shape[0]
     Ep = _pad8(E)
@@ -133,7 +132,8 @@ def router_losses(scores_TE, logits_TE, topk_idx_TK, score: str):
     Args:
         scores_TE, logits_TE: [T, E] fp32 on the GPU; topk_idx_TK: [T, K] int64; score: "softmax" or "sigmoid".
     """
-    _check_options("scores_TE", scores_TE, score)
+    _on_cuda_tensor("scores_TE", scores_TE)
+    check_score(score)
     if scores_TE.shape[0] == 0:
         return scores_TE.new_zeros(()), scores_TE.new_zeros(())
     balance, z = scores_TE.new_empty(()), scores_TE.new_empty(())  # the kernel writes both
@@ -147,7 +147,8 @@ def router_losses_backward(d_balance, d_z, scores_TE, logits_TE, topk_idx_TK, sc
     and d_z ([] fp32 tensors on the GPU): d_scores = dq (softmax) or (dq - Σ_e q_e dq_e) / s, q = scores / s, s the
     row sum (sigmoid), dq_e = d_balance · E · f_e / T; d_logits = d_z · 2 · lse_t / T · softmax(l_t). One C call
     (two kernels, after a memset)."""
-    _check_options("scores_TE", scores_TE, score)
+    _on_cuda_tensor("scores_TE", scores_TE)
+    check_score(score)
     d_scores, d_logits = (torch.empty(scores_TE.shape, dtype=torch.float32, device=scores_TE.device) for _ in "sl")
     if scores_TE.shape[0]:
         _lib.router_losses_bwd(d_balance.float().contiguous(), d_z.float().contiguous(), scores_TE.contiguous(),

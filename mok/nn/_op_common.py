@@ -59,16 +59,6 @@ def check_tensors(named, optional=()) -> None:
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
 
 
-def check_devices(named) -> None:
-    """Every tensor of the (name, tensor or None) pairs `named` on the device of the first: ValueError naming the
-    first that differs. All on meta (shape inference) or all fake (tracing) passes: only a mix is refused, which
-    would send real tensors to the ops' fake implementations or meta ones to their bodies."""
-    first, ref = named[0]
-    for name, t in named[1:]:
-        if t is not None and t.device != ref.device:
-            raise ValueError(f"{name}: expected device {ref.device} (the device of {first}), got {t.device}")
-
-
 def _impl(backend: str):
     if backend == "reference":
         return reference

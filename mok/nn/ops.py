@@ -28,8 +28,9 @@ import torch
 from torch import Tensor
 
 from .. import reference
+from ..reference import check_devices
 from ._op_common import (BACKENDS, _cast_plan, _casts, _empty, _fake_casts, _group, _impl, _with_casts, apply,
-                         check_devices, check_tensors, eager_function, group_name)
+                         check_tensors, eager_function, group_name)
 from .router_ops import router, router_bwd, router_fwd, router_losses, router_losses_bwd, router_losses_fwd
 
 __all__ = ["moe", "moe_gate_up", "moe_fwd", "moe_bwd", "router", "router_fwd", "router_bwd", "router_losses",
@@ -202,7 +203,9 @@ def _check_layer_options(backend, recompute) -> None:
 
 
 def _check_layer_tensors(named, optional) -> None:
-    """Every tensor argument a torch.Tensor (None allowed for `optional`), all on x's device (`check_devices`)."""
+    """Every tensor argument a torch.Tensor (None allowed for `optional`), all on x's device (`check_devices`). All
+    on meta (shape inference) or all fake (tracing) passes: only a mix is refused, which would send real tensors to
+    the ops' fake implementations or meta ones to their bodies."""
     check_tensors(named, optional)
     check_devices(named)
 

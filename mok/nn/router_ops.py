@@ -11,10 +11,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..reference import SCORES
+from ..reference import check_devices, check_expert_ids, check_route_args, check_score
 from . import losses
 from ._op_common import (_WEIGHT_DTYPES, BACKENDS, _cast_plan, _casts, _empty, _fake_casts, _impl, _with_casts, apply,
-                         check_devices, check_tensors, eager_function)
+                         check_tensors, eager_function)
 
 
 # ---------------------------------------------------------------- router
@@ -91,11 +91,6 @@ def _check_backend(backend) -> None:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 
 
-def _check_score(score) -> None:
-    if score not in SCORES:
-        raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
-
-
 def _check_router_args(x, weight, k, score, normalize, backend) -> None:
     """`router`'s arguments, for both backends, before dispatch (the fast path reads score as softmax or not and k
     as a C int, so "relu" would become sigmoid and True K = 1)."""
@@ -111,14 +106,7 @@ def _check_router_args(x, weight, k, score, normalize, backend) -> None:
     if weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.shape[0] < 1:
         raise ValueError(f"weight: expected shape (E, {x.shape[1]}) with E >= 1, got {tuple(weight.shape)}")
     check_devices([("x", x), ("weight", weight)])
-    E = weight.shape[0]
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k: expected an int in [1, E = {E}], got {type(k).__name__} {k!r}")
-    if not 1 <= k <= E:
-        raise ValueError(f"k: expected an int in [1, E = {E}], got {k}")
-    _check_score(score)
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize: expected a bool, got {normalize!r}")
+    check_route_args(weight.shape[0], k, score, normalize)
 
 
 def router(x_TH: Tensor, weight_EH: Tensor, k: int, *, score: str = "softmax", normalize: bool = True,
@@ -148,17 +136,6 @@ def _losses_impl(backend: str):
     return losses if backend == "reference" else _impl(backend)
 
 
-def _check_ids(topk_idx: Tensor, E: int) -> None:
-    """The reference backend's id check: ids in [0, E), else ValueError naming the first bad one (reads the values:
-    a device-to-host synchronisation on CUDA, as the reference layer's own check)."""
-    if topk_idx.numel() == 0:
-        return
-    bad = (topk_idx < 0) | (topk_idx >= E)
-    if bool(bad.any()):
-        at = tuple(bad.nonzero()[0].tolist())
-        raise ValueError(f"topk_idx: expected expert ids in [0, {E}), got {int(topk_idx[at])} at index {at}")
-
-
 def _nan_if_bad_ids(outputs, topk_idx: Tensor, E: int) -> tuple:
     """The fast backend's id check, on the device without a host synchronisation (CUDA-graph safe), as the fast
     layer's: every output NaN when an id is outside [0, E) (its kernels would skip such ids, dropping them from the
@@ -175,8 +152,8 @@ def _router_losses_fwd(scores: Tensor, logits: Tensor, topk_idx: Tensor, score: 
     """(load_balance [] fp32, z [] fp32). See `router_losses`. check_ids False: the ids come from `router` (in
     range by construction), so their values are not checked (`router_losses_of_router`)."""
     if backend == "reference":
-        if check_ids:
-            _check_ids(topk_idx, scores.shape[1])
+        if check_ids:  # reads the ids: a host synchronisation on CUDA, as the reference layer's own check
+            check_expert_ids(topk_idx, scores.shape[1], distinct=False)
         return losses.router_losses(scores, logits, topk_idx, score)
     out = _impl(backend).router_losses(scores, logits, topk_idx, score)
     return _nan_if_bad_ids(out, topk_idx, scores.shape[1]) if check_ids else tuple(out)
@@ -230,9 +207,9 @@ _Losses = eager_function("_Losses", _router_losses_fwd, _losses_setup, _losses_b
 
 def _check_losses_args(scores, logits, topk_idx, score, backend) -> None:
     """`router_losses`' arguments: types, dtypes, shapes ([T, E], [T, E], [T, K], 1 <= K <= E), one device, score
-    and backend. The ids' values are checked where the losses are computed (`_check_ids`)."""
+    and backend. The ids' values are checked where the losses are computed (`check_expert_ids`, `_nan_if_bad_ids`)."""
     _check_backend(backend)
-    _check_score(score)
+    check_score(score)
     named = [("scores", scores), ("logits", logits), ("topk_idx", topk_idx)]
     check_tensors(named)
     for (name, t), dtype in zip(named, (torch.float32, torch.float32, torch.int64)):

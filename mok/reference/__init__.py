@@ -7,7 +7,8 @@ Public API (everything else in this package is private):
 - the bit-defining primitives other parts of mok build on: `tree_sum`, `matmul_exact`,
   `rows_outer_sum`, `rowwise_dot`, `exp_exact`, `sigmoid_exact`, `silu_exact`, `dsilu_exact`,
   `log_exact_ge1`, `bf16`, `split_hi_lo`;
-- argument checks: `Dims`, `check_layer_args`, `check_expert_ids`, `check_grad_out`, `check_ep_split`;
+- argument checks: `Dims`, `check_layer_args`, `check_expert_ids`, `check_grad_out`, `check_ep_split`,
+  `check_devices`, `check_route_args`, `check_score`;
 - bit-preserving collectives: `world`, `all_gather_cat`, `all_gather_varlen`, `check_same_across_ranks`;
   the pre-flight every rank runs before an expert-parallel call: `preflight`, `forward_facts`, `backend_fact`.
 """
@@ -18,9 +19,9 @@ from ._context import load_context, save_context, saved_fake
 from ._exact import (CONTRACT_VERSION, bf16, dsilu_exact, exp_exact, log_exact_ge1, matmul_exact, rows_outer_sum,
                      rowwise_dot, sigmoid_exact, silu_exact, tree_sum)
 from ._layer import Ctx, backend_fact, backward, forward, forward_facts
-from ._router import (SCORES, gate_backward, gate_logits, route, route_backward, router_backward, router_forward,
-                      router_scores, split_hi_lo)
-from ._validate import Dims, check_ep_split, check_expert_ids, check_grad_out, check_layer_args
+from ._router import (SCORES, check_route_args, check_score, gate_backward, gate_logits, route, route_backward,
+                      router_backward, router_forward, router_scores, split_hi_lo)
+from ._validate import Dims, check_devices, check_ep_split, check_expert_ids, check_grad_out, check_layer_args
 
 __all__ = [
     "forward", "backward", "moe", "MoEFunction", "Ctx", "save_context", "load_context", "saved_fake",
@@ -28,7 +29,8 @@ __all__ = [
     "split_hi_lo", "SCORES",
     "tree_sum", "matmul_exact", "rows_outer_sum", "rowwise_dot", "exp_exact", "sigmoid_exact", "silu_exact",
     "dsilu_exact", "log_exact_ge1", "bf16", "CONTRACT_VERSION",
-    "Dims", "check_layer_args", "check_expert_ids", "check_grad_out", "check_ep_split",
+    "Dims", "check_layer_args", "check_expert_ids", "check_grad_out", "check_ep_split", "check_devices",
+    "check_route_args", "check_score",
     "world", "all_gather_cat", "all_gather_varlen", "check_same_across_ranks", "preflight", "forward_facts",
     "backend_fact",
 ]

@@ -78,8 +78,7 @@ def router_scores(logits_TE: torch.Tensor, score: str) -> torch.Tensor:
         [T, E] float32.
     """
     _tensor("logits_TE", logits_TE, torch.float32, 2)
-    if score not in SCORES:
-        raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
+    check_score(score)
     if score == "softmax":
         if logits_TE.shape[0] == 0:
             return logits_TE.clone()
@@ -111,21 +110,28 @@ def route(logits, k: int, *, score: str = "softmax", normalize: bool = True):
         raise TypeError(f"logits: expected dtype torch.float32 or torch.bfloat16, got {logits.dtype}")
     if logits.dim() != 2:
         raise ValueError(f"logits: expected 2 dimensions [T, E], got shape {tuple(logits.shape)}")
-    _check_route_args(logits.shape[1], k, score, normalize)
+    check_route_args(logits.shape[1], k, score, normalize)
     return _topk(router_scores(logits.float(), score), k, normalize)
 
 
-def _check_route_args(E: int, k, score, normalize) -> None:
-    if isinstance(k, bool) or not isinstance(k, int):  # TypeError for a wrong type, as mok.router and PyTorch
+def check_route_args(E: int, k, score, normalize) -> None:
+    """The router's options for E experts: k an int in [1, E] (TypeError for a wrong type, a bool included;
+    ValueError for a value), score (`check_score`), normalize a bool (TypeError)."""
+    if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"k: expected an int in [1, E = {E}], got {type(k).__name__} {k!r}")
     if not 1 <= k <= E:
         raise ValueError(f"k: expected an int in [1, E = {E}], got {k!r}")
     _check_score_args(score, normalize)
 
 
-def _check_score_args(score, normalize) -> None:
+def check_score(score) -> None:
+    """ValueError unless `score` is one of SCORES (every kernel and op reads "softmax or not")."""
     if score not in SCORES:
         raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
+
+
+def _check_score_args(score, normalize) -> None:
+    check_score(score)
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize: expected a bool, got {normalize!r}")
 
@@ -197,7 +203,7 @@ def router_forward(x_TH: torch.Tensor, w_EH: torch.Tensor, k: int, score: str, n
         (topk_weight [T, k] fp32, topk_idx [T, k] int64, scores [T, E] fp32, logits [T, E] fp32).
     """
     _, _, E = _check_gate_args(x_TH, w_EH)
-    _check_route_args(E, k, score, normalize)
+    check_route_args(E, k, score, normalize)
     logits = gate_logits(x_TH, w_EH)
     p = router_scores(logits, score)
     topk_idx, topk_weight = _topk(p, k, normalize)

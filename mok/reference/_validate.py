@@ -118,8 +118,18 @@ def check_ep_split(num_experts: int, world_size: int, name: str = "num_experts")
     return num_experts // world_size
 
 
-def check_expert_ids(topk_idx: torch.Tensor, num_experts: int, name: str = "topk_idx") -> None:
-    """Ids: a [T, K] int64 tensor, values in [0, E) and distinct within each row. Reads values: syncs on CUDA."""
+def check_devices(named) -> None:
+    """Every tensor of the (name, tensor or None) pairs `named` on the device of the first: ValueError naming the
+    first that differs (as the layer's checks word it)."""
+    first, ref = named[0]
+    for name, t in named[1:]:
+        if t is not None:
+            _device(name, t, ref.device, first)
+
+
+def check_expert_ids(topk_idx: torch.Tensor, num_experts: int, name: str = "topk_idx", distinct: bool = True) -> None:
+    """Ids: a [T, K] int64 tensor, values in [0, E) and (unless `distinct` is False: the router losses only count
+    picks) distinct within each row. Reads values: syncs on CUDA."""
     _tensor(name, topk_idx, torch.int64, 2)
     _int("num_experts", num_experts)
     if num_experts < 1:
@@ -132,6 +142,8 @@ def check_expert_ids(topk_idx: torch.Tensor, num_experts: int, name: str = "topk
         raise ValueError(
             f"{name}: expected expert ids in [0, {num_experts}), got {int(topk_idx[tuple(bad)])} at index {tuple(bad)}"
         )
+    if not distinct:
+        return
     srt = topk_idx.sort(dim=1).values
     dup = (srt[:, 1:] == srt[:, :-1]).any(dim=1)
     if bool(dup.any()):
