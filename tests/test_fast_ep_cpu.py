@@ -113,3 +113,70 @@ def test_group_must_be_a_process_group():
     inputs = make_inputs(MoEConfig(T=8, H=16, I=8, E=4, K=2, S=8), seed=0)
     with pytest.raises(TypeError, match="^group: expected a torch.distributed ProcessGroup or None"):
         mok.fast.forward(*(inputs[a] for a in LAYER_ARGS), group="abc")
+
+
+def _fast_load_context(rank, world_size, group, inputs, what):
+    """Rank 0 rebuilds a context with good saved tensors; rank 1 with `what` wrong ("short": 5 of the 9
+    tensors, "shape": x_RH one row short) or in a forward's pre-flight ("forward"). The fast path's device
+    check is replaced by the shared checks, so CPU tensors stand in for CUDA ones."""
+    from mok.fast import _context
+    _context.check_inputs = lambda *a, world_size=1: reference.check_layer_args(*a, world_size=world_size)
+    local = shard_inputs(inputs, rank, world_size)
+    x, idx = local["x"], local["topk_idx"]
+    shared, routed = tuple(local[a] for a in LAYER_ARGS[3:6]), tuple(local[a] for a in LAYER_ARGS[6:])
+    T, K = idx.shape
+    saved = mok.fast.saved_fake(x, idx, shared, routed, rows=world_size * T * K)
+    try:
+        if rank == 1 and what == "forward":
+            d = reference.check_layer_args(*(local[a] for a in LAYER_ARGS), world_size=world_size)
+            reference.preflight("forward", None, reference.forward_facts(d, x, "fast"), group)
+        else:
+            if rank == 1 and what == "short":
+                saved = saved[:5]
+            elif rank == 1 and what == "shape":
+                saved[3] = saved[3][1:]
+            mok.fast.load_context(saved, x, idx, local["topk_weight"], shared, routed, group)
+    except Exception as e:  # noqa: BLE001 - the test inspects what each rank raised
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+@pytest.mark.parametrize("what, parts", [
+    # rank 1 passes 5 of the 9 saved tensors
+    ("short", ["ValueError: saved: expected the 9 tensors of save_context, got 5", "on rank 1 of the group"]),
+    # rank 1's saved x_RH is one row short of W*T*K
+    ("shape", ["ValueError: saved: expected tensor 3 (x_RH)", "got torch.bfloat16 [15, 16]", "on rank 1 of the group"]),
+    # rank 1 is in a forward while rank 0 rebuilds a context for backward: ranks out of step
+    ("forward", ["RuntimeError: group: expected every rank in the same mok call", "backward (load_context)",
+                 "forward"]),
+])
+def test_fast_load_context_runs_the_preflight_before_the_peer_buffer(what, parts):
+    """Every rank raises the same error, at once, before any rank makes or exchanges its peer buffer
+    (which a CPU process could not: without the pre-flight rank 0 would fail there or wait)."""
+    inputs = make_inputs(MoEConfig(T=8, H=16, I=8, E=4, K=2, S=8), seed=0)
+    msgs = launch(_fast_load_context, (inputs, what), 2, timeout_s=30)
+    for rank, m in enumerate(msgs):
+        for p in parts:
+            assert p in m, (rank, m)
+
+
+@pytest.mark.parametrize("index, bad, match", [
+    # the schedule's offsets for 3 experts where the layer has 2
+    (0, lambda t: torch.zeros(7, dtype=torch.int32), r"tensor 0 \(offsets\) .* to be torch.int32 \[5\]"),
+    # g|u in bf16 instead of fp32
+    (4, lambda t: t.bfloat16(), r"tensor 4 \(gu_R2I\) .* to be torch.float32"),
+    # a plain list where a tensor belongs
+    (6, lambda t: t.tolist(), r"^saved: expected tensor 6 \(o_RH\) to be a torch.Tensor"),
+])
+def test_fast_load_context_checks_the_saved_layout(index, bad, match, monkeypatch):
+    from mok.fast import _context
+    monkeypatch.setattr(_context, "check_inputs",
+                        lambda *a, world_size=1: reference.check_layer_args(*a, world_size=world_size))
+    inputs = make_inputs(MoEConfig(T=4, H=16, I=8, E=2, K=2, S=8), seed=0)
+    x, idx = inputs["x"], inputs["topk_idx"]
+    shared, routed = tuple(inputs[a] for a in LAYER_ARGS[3:6]), tuple(inputs[a] for a in LAYER_ARGS[6:])
+    saved = mok.fast.saved_fake(x, idx, shared, routed)
+    saved[index] = bad(saved[index])
+    exc = TypeError if index == 6 else ValueError
+    with pytest.raises(exc, match=match):
+        mok.fast.load_context(saved, x, idx, inputs["topk_weight"], shared, routed)

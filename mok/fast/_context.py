@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _ep_buffer
+from ..reference import Dims, forward_facts, preflight
 from ._checks import check_group, check_inputs
 from ._ep import EPContext
 from ._forward import FastContext, Schedule
@@ -30,11 +31,23 @@ def save_context(ctx: FastContext) -> list[torch.Tensor]:
 
 def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: tuple, group=None) -> FastContext:
     """Rebuild the `FastContext` of `mok.fast.forward(x, topk_idx, topk_weight, *shared, *routed)` from
-    `save_context`'s tensors."""
-    if len(saved) != N_SAVED:
-        raise ValueError(f"saved: expected the {N_SAVED} tensors of save_context, got {len(saved)}")
+    `save_context`'s tensors (checked against the layout above).
+
+    With W > 1 it begins with the pre-flight (`mok.reference.preflight`, op "load_context"), before the
+    peer buffer is made or exchanged: a rank whose arguments fail their checks or differ makes every rank
+    raise, and a rank in another mok call (a forward: ranks out of step) makes every rank raise a
+    RuntimeError naming each rank's call, as the reference's `load_context` does.
+    """
     W = check_group(group)
-    dims = check_inputs(x, topk_idx, topk_weight, *shared, *routed, world_size=W)
+    dims, err = None, None
+    try:
+        dims = _check_saved_args(saved, x, topk_idx, topk_weight, shared, routed, W)
+    except (TypeError, ValueError, RuntimeError) as e:  # W > 1: the pre-flight raises it on every rank
+        if W == 1:
+            raise
+        err = e
+    if W > 1:
+        preflight("load_context", err, forward_facts(dims, x, "fast"), group)
     offsets, rows, flag, x_RH, gu, a_RI, o_RH, gu_s, a_s = saved
     has_shared = shared[0] is not None
     gu_s, a_s = (gu_s, a_s) if has_shared else (None, None)
@@ -44,6 +57,34 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
     buf = _ep_buffer.get(group, x.device, dims.T, dims.H, dims.K, dims.S)
     return EPContext(dims, x, topk_weight, Schedule(offsets, rows, None, flag), x_RH, gu, a_RI, o_RH,
                      (*routed, *shared), gu_s, a_s, buf=buf, group=group)
+
+
+def _check_saved_args(saved, x, topk_idx, topk_weight, shared, routed, W: int) -> Dims:
+    """The layer's inputs as `forward` checks them, and `saved` against the layout of a forward with their
+    sizes (module docstring); returns the sizes."""
+    if not isinstance(saved, (list, tuple)):
+        raise TypeError(f"saved: expected the list of tensors of save_context, got {type(saved).__name__}")
+    if len(saved) != N_SAVED:
+        raise ValueError(f"saved: expected the {N_SAVED} tensors of save_context, got {len(saved)}")
+    for name, t, what in (("shared", shared, "(shared_gate, shared_up, shared_down)"),
+                          ("routed", routed, "(routed_gate, routed_up, routed_down)")):
+        if not isinstance(t, (tuple, list)) or len(t) != 3:
+            raise ValueError(f"{name}: expected the 3 tensors {what}, got {type(t).__name__} of "
+                             f"{len(t) if isinstance(t, (tuple, list)) else '?'}")
+    d = check_inputs(x, topk_idx, topk_weight, *shared, *routed, world_size=W)
+    R, TK, Ts = W * d.T * d.K, d.T * d.K, (d.T if shared[0] is not None else 0)
+    i32, f32, b16 = torch.int32, torch.float32, torch.bfloat16
+    layout = (("offsets", i32, (2 * d.L + 1,)), ("pair_row" if W == 1 else "row_pair", i32, (R,)),
+              ("flag", i32, (1,)), ("x_RH", b16, (R, d.H)), ("gu_R2I", f32, (R, 2 * d.I)), ("a_RI", b16, (R, d.I)),
+              ("o_RH", b16, (TK, d.H)), ("gu_s_T2S", f32, (Ts, 2 * d.S)), ("a_s_TS", b16, (Ts, d.S)))
+    for i, ((name, dtype, shape), t) in enumerate(zip(layout, saved, strict=True)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"saved: expected tensor {i} ({name}) to be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != dtype or tuple(t.shape) != shape or t.device != x.device:
+            raise ValueError(f"saved: expected tensor {i} ({name}) of a forward with (T, H, K, L, I, S, W) = "
+                             f"{(d.T, d.H, d.K, d.L, d.I, d.S, W)} to be {dtype} {list(shape)} on {x.device}, got "
+                             f"{t.dtype} {list(t.shape)} on {t.device}")
+    return d
 
 
 def saved_fake(x, topk_idx, shared: tuple, routed: tuple, rows=None) -> list[torch.Tensor]:
