@@ -47,6 +47,9 @@ def _scenarios(rank):
     out["MoE backward vs forward"] = (None, None, "MoE forward, forward" if one else "MoE forward, backward")
     out["MoE recompute"] = (None, None, "MoE recompute" if one else "MoE forward, backward")
     out["MoE recompute, other rank"] = (None, None, "MoE forward, backward" if one else "MoE recompute")
+    out["MoE score"] = (None, None, "MoE sigmoid" if one else "MoE forward, backward")
+    out["MoE normalize"] = (None, None, "MoE unnormalized" if one else "MoE forward, backward")
+    out["MoE score changed"] = (None, None, "MoE sigmoid after a step" if one else "MoE forward, forward")
     out["ok after errors"] = (base, base["dy"], "backward")
     return out
 
@@ -54,13 +57,19 @@ def _scenarios(rank):
 def _module_step(group, what):
     """mok.MoE over the group, 64 tokens per rank (more bytes than a pre-flight descriptor): a forward, then a
     backward ("MoE forward, backward"), a backward with recompute=True ("MoE recompute"), or a second
-    forward in place of the backward ("MoE forward, forward")."""
+    forward in place of the backward ("MoE forward, forward"); the router scored by sigmoid ("MoE sigmoid") or
+    its weights not renormalised ("MoE unnormalized"), or switched to sigmoid between two forwards ("MoE sigmoid
+    after a step")."""
     torch.manual_seed(0)
     m = mok.MoE(8, 4, 4, 2, shared_intermediate_size=4, group=group, backend="reference",
-                recompute=what == "MoE recompute")
+                recompute=what == "MoE recompute", score="sigmoid" if what == "MoE sigmoid" else "softmax",
+                normalize=what != "MoE unnormalized")
     x = torch.randn(64, 8, requires_grad=True)
     y = m(x)
-    if what == "MoE forward, forward":
+    if what == "MoE sigmoid after a step":
+        m.score = "sigmoid"
+        m(x)
+    elif what == "MoE forward, forward":
         m(x)
     else:
         y.sum().backward()
@@ -136,6 +145,12 @@ def by_rank():
     # the same with recompute=True on rank 0
     ("MoE recompute, other rank", ["RuntimeError", "forward on rank 0, backward (load_context) on rank 1",
                                    "recompute"]),
+    # mok.MoE scoring by sigmoid on rank 1, softmax on rank 0: each rank would route its tokens differently
+    ("MoE score", ["ValueError", "score: expected the same router score", "0 on rank 0, 1 on rank 1"]),
+    # mok.MoE renormalising the K weights on rank 0 only
+    ("MoE normalize", ["ValueError", "normalize: expected the same normalize", "1 on rank 0, 0 on rank 1"]),
+    # rank 1 switches its module to sigmoid after a step; its next routing checks again, rank 0 is in the layer
+    ("MoE score changed", ["RuntimeError", "forward on rank 0, router settings check", "on rank 1"]),
 ])
 def test_every_rank_raises_the_same_error(by_rank, name, parts):
     msgs = [r[name][0] for r in by_rank]

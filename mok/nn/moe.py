@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..reference import SCORES, check_ep_split, world
+from ..reference import SCORES, check_ep_split, preflight, world
 from . import _init
 from . import backend as _backend
 from . import ops
@@ -153,6 +153,7 @@ class MoE(nn.Module):
         self.shared_intermediate_size, self.score, self.normalize = S, score, normalize
         self.group, self.world_size, self.rank, self.local_experts = group, W, rank, L
         self.recompute, self.backend, self.mesh = recompute, backend, mesh
+        self._router_agreed = None  # (score, normalize) every rank of the group was checked to route with
 
         def p(*shape, sharded=False):
             t = torch.empty(*shape, dtype=dtype, device=device)
@@ -230,6 +231,28 @@ class MoE(nn.Module):
             _backend.announce(self.backend, self.backend_in_use, why, self.w_router_EH.device)
             return
         self._fast_ready = True
+
+    def _check_router_across_ranks(self) -> None:
+        """With a group, on the first eager routing and again after `score` or `normalize` change: every rank
+        must route with the same settings (the layer's own pre-flight checks T, H, K, L, I, S and the backend
+        on every call, not these), else every rank raises a ValueError naming the setting and each rank's
+        value. One exchange of 64 int64 per rank (`mok.reference.preflight`, op "router"); skipped while
+        torch.compile traces."""
+        key = (self.score, self.normalize)
+        if self.group is None or getattr(self, "_router_agreed", None) == key or torch.compiler.is_compiling():
+            return
+        err, facts = None, [0, 0]
+        try:
+            if self.score not in SCORES:
+                raise ValueError(f"score: expected one of {SCORES}, got {self.score!r}")
+            if not isinstance(self.normalize, bool):
+                raise TypeError(f"normalize: expected a bool, got {self.normalize!r}")
+            facts = [SCORES.index(self.score), int(self.normalize)]
+        except (TypeError, ValueError) as e:  # raised on every rank by the pre-flight
+            err = e
+        preflight("router", err, [("score", f"router score (by index in {SCORES})", facts[0]),
+                                  ("normalize", "normalize (0 False, 1 True)", facts[1])], self.group)
+        self._router_agreed = key
 
     def _local(self, name: str) -> torch.Tensor | None:
         """Parameter `name` as a plain tensor for the ops: a DTensor's local shard (this rank's experts,
@@ -310,6 +333,7 @@ class MoE(nn.Module):
 
     def _route(self, x_TH: torch.Tensor) -> Routing:
         self._ensure_ready()
+        self._check_router_across_ranks()
         return Routing(*ops.router(x_TH, self._local("w_router_EH"), self.top_k, score=self.score,
                                    normalize=self.normalize, backend=self.backend_in_use))
 

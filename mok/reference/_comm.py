@@ -32,8 +32,9 @@ import torch.distributed.nn.functional  # noqa: E402,F401
 
 DESC_LEN = 64  # int64 slots per rank in every pre-flight exchange
 _MAGIC = 0x6D6F6B  # "mok"
-_OPS = {"forward": 1, "backward": 2, "check_same_across_ranks": 3, "load_context": 4}
-_OP_NAMES = {1: "forward", 2: "backward", 3: "check_same_across_ranks", 4: "backward (load_context)"}
+_OPS = {"forward": 1, "backward": 2, "check_same_across_ranks": 3, "load_context": 4, "router": 5}
+_OP_NAMES = {1: "forward", 2: "backward", 3: "check_same_across_ranks", 4: "backward (load_context)",
+             5: "router settings check (mok.MoE's first routing)"}
 _OK, _FAILED = 0, 1
 
 
@@ -139,7 +140,7 @@ def preflight(op: str, error: BaseException | None, facts: list[tuple[str, str, 
     """Make every rank of `group` agree before the call's first collective, or raise on every rank.
 
     Args:
-        op: the call ("forward", "backward", "load_context").
+        op: the call ("forward", "backward", "load_context"; "router": mok.MoE's check of its router settings).
         error: this rank's local argument error (TypeError/ValueError), or None if its arguments passed.
         facts: (argument, what, value) that must be equal on every rank, e.g. ("x", "tokens per rank T", 6);
             the same list layout on every rank (values 0 where unknown because of a local error).
