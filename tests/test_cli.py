@@ -275,3 +275,42 @@ def test_golden_regen_json_lines(tmp_path, capsys):
     recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["case"], r["status"], r["ok"]) for r in recs[:-1]] == [(c.name, "written", True) for c in CASES]
     assert recs[-1]["summary"] is True and recs[-1]["refused"] == 0
+
+
+@pytest.mark.parametrize("fail_on, done, left", [
+    # the second case's file: the first is written and in the manifest, the rest not regenerated
+    (CASES[1].file, [CASES[0].name], [c.name for c in CASES[1:]]),
+    # the manifest itself, after every case file was written
+    ("manifest.json", [c.name for c in CASES], []),
+])
+def test_golden_regen_write_failure_is_one_line_and_status_1(fail_on, done, left, tmp_path, capsys, monkeypatch):
+    """A full disk after the directory check: no traceback, the file named, and a manifest that describes the
+    files on disk (was: an OSError traceback)."""
+    import errno
+
+    import mok.harness.files as files
+    import mok.harness.golden as golden
+
+    real = files.write_atomic
+
+    def full_disk(path, data):
+        if path.name == fail_on:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(golden, "write_atomic", full_disk)
+    d = tmp_path / "g"
+    assert main(["golden", "regen", "--dir", str(d), "--json"]) == 1
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert err.startswith(f"mok: golden regen: could not write {str(d / fail_on)!r} (OSError: No space left on "
+                          f"device); {len(left)} case(s) not regenerated"), err
+    assert "Traceback" not in cap.err and len(err.splitlines()) == 1
+    summary = json.loads(cap.out.splitlines()[-1])
+    assert summary["ok"] is False and summary["not_regenerated"] == left
+    on_disk = sorted(p.name for p in d.glob("*.safetensors"))
+    assert on_disk == sorted(c.file for c in CASES if c.name in done)
+    if fail_on != "manifest.json":
+        assert sorted(golden.read_manifest(d)["cases"]) == sorted(done)
+    else:
+        assert not (d / "manifest.json").exists()

@@ -179,8 +179,11 @@ def _golden_regen(args, out: _Out) -> int:
     labels = {"written": "written", "unchanged": "unchanged", "rewritten": "rewritten (same bits, canonical bytes)",
               "overwritten": "OVERWRITTEN", "refused": "differs, NOT overwritten (use --force)"}
     entries, refused = {}, 0
-    for case in CASES:
-        report, entry, status = regen_case(case, golden_dir, force=args.force)
+    for i, case in enumerate(CASES):
+        try:
+            report, entry, status = regen_case(case, golden_dir, force=args.force)
+        except OSError as e:  # e.g. a full disk: after the directory check, so a failure of this run, not usage
+            return _regen_write_failed(out, golden_dir, case.file, e, entries, old_entries, CASES[i:])
         out.text(f"{case.name}: {labels[status]}", always=status in ("overwritten", "refused"))
         for k, p in report.problems:
             out.text(f"  {k}: {p}", always=True)
@@ -193,9 +196,36 @@ def _golden_regen(args, out: _Out) -> int:
             entries[case.name] = entry
     for name in sorted(set(old_entries) - {c.name for c in CASES}):
         out.text(f"{MANIFEST}: dropped case {name!r} (not in this mok version's case list)", always=True)
-    write_manifest(entries, golden_dir)
+    try:
+        write_manifest(entries, golden_dir)
+    except OSError as e:
+        return _regen_write_failed(out, golden_dir, MANIFEST, e, entries, old_entries, [])
     out.record(summary=True, ok=not refused, refused=refused, dir=str(golden_dir))
     return EXIT_FAILED if refused else EXIT_OK
+
+
+def _regen_write_failed(out: _Out, golden_dir: Path, name: str, e: OSError, entries: dict, old_entries: dict,
+                        left: list) -> int:
+    """A file of `golden regen` could not be read or written after the directory check passed (a full disk, a
+    file made read-only): one line naming it, no traceback, status 1. The manifest is rewritten to describe the
+    files now on disk (the cases done, and the old entries of those not reached) where that can still be
+    written, so `golden check` reports exactly what is stale; every file on disk is whole (atomic writes)."""
+    from .golden import MANIFEST, write_manifest
+
+    kept = {**{c.name: old_entries[c.name] for c in left if c.name in old_entries}, **entries}
+    manifest = "the manifest describes the files on disk"
+    if name != MANIFEST:
+        try:
+            write_manifest(kept, golden_dir)
+        except OSError as e2:
+            manifest = f"the manifest could not be updated either ({type(e2).__name__}: {e2.strerror or e2})"
+    else:
+        manifest = "the manifest is the old one"
+    msg = (f"mok: golden regen: could not write {str(golden_dir / name)!r} ({type(e).__name__}: {e.strerror or e}); "
+           f"{len(left)} case(s) not regenerated, {manifest}")
+    print(msg, file=sys.stderr)
+    out.record(summary=True, ok=False, error=msg, not_regenerated=[c.name for c in left], dir=str(golden_dir))
+    return EXIT_FAILED
 
 
 # ---------------------------------------------------------------- diff-grads
