@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from mok.harness import dist as mok_dist
-from mok.harness.dist import WorkerError, launch
+from mok.harness.dist import WorkerError, launch, main_thread_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUND_S = 20  # every run below must end within this
@@ -102,6 +102,10 @@ def test_a_failing_worker_stops_the_run_at_once(tmp_path, monkeypatch, how, time
     if how == "hang":  # the rank that never joined is named as still running after the others timed out
         assert 1 in info.value.stalled and info.value.rank not in info.value.stalled, str(info.value)
         assert "still running without an error" in str(info.value), str(info.value)
+        # its Python stack, taken when the others timed out, shows where it was: the sleep, outside any collective
+        assert "rank 1 (at test_dist.py:" in str(info.value) and "in _fail_or_wait, not in a torch.distributed call" \
+            in str(info.value), str(info.value)
+        assert main_thread_frames(info.value.stacks[1])[0][2] == "_fail_or_wait", info.value.stacks[1]
     assert [d for d in tmp_path.iterdir() if d.name.startswith("mok-dist-")] == []  # the run's directory is gone
     assert _alive(_descendants(os.getpid()) - _forkserver_family()) == set()
 
@@ -364,3 +368,26 @@ def test_destroy_process_group_stops_gloo_threads():
     assert r.returncode == 0, r.stderr
     during, after = map(int, r.stdout.split())
     assert during > 0 and after == 0, r.stdout + r.stderr  # gloo threads while the group lives, none after
+
+
+_DUMP = """Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/torch/distributed/distributed_c10d.py", line 4287 in all_gather
+  File "/src/train.py", line 12 in step
+  File "/src/mok/harness/dist.py", line 213 in _worker
+  File "/usr/lib/python3.11/multiprocessing/process.py", line 108 in run
+"""
+
+
+def test_main_thread_frames_picks_the_workers_thread():
+    """faulthandler lists threads in no fixed order: the main thread is the one running `_worker`; a rank
+    inside a collective is told apart from one that never called it."""
+    frames = main_thread_frames(_DUMP.replace("/", os.sep))
+    assert [f for _, _, f in frames] == ["all_gather", "step", "_worker", "run"]
+    assert frames[0][1] == 4287
+    err = WorkerError(0, "RuntimeError: Timed out", [0], stalled=[2], stacks={2: _DUMP.replace("/", os.sep)})
+    assert "rank 2 (at distributed_c10d.py:4287 in all_gather, inside torch.distributed)" in str(err), str(err)
+    assert main_thread_frames("") == [] and main_thread_frames(_DUMP.split("Current")[0]) == []
