@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from mok.harness import dist as mok_dist
-from mok.harness.dist import WorkerError, launch, main_thread_frames
+from mok.harness.dist import WorkerError, launch
+from mok.harness.stacks import main_thread_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUND_S = 20  # every run below must end within this

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import faulthandler
 import os
 import shutil
 import signal
@@ -37,6 +36,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .stacks import ask_stacks, stacks_on_request, where_text
+
 # torch.distributed.nn.functional first: imported before any process group exists it binds none (see
 # mok/reference/_comm.py), so destroy_process_group really stops a worker's gloo threads
 _PRELOAD = ["torch", "torch.distributed", "torch.distributed.nn.functional", "mok.harness.runner", "mok.reference"]
@@ -48,8 +49,6 @@ MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.001, 7 * 24 * 3600.0
 _TIMEOUT_RANGE = f"in [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}] (1 ms to 7 days)"
 _STALL_GRACE_S = 1.0  # after a rank's collective timed out, how long the others get to report before naming stragglers
 _KILL_WAIT_S = 10.0  # how long `launch` waits for killed workers to be reaped
-_STACK_SIGNAL = signal.SIGUSR1  # asks a worker to write its Python threads' stacks (faulthandler)
-_STACK_WAIT_S = 1.0  # how long the launcher waits for a stalled worker's stacks
 
 
 class WorkerError(RuntimeError):
@@ -65,41 +64,13 @@ class WorkerError(RuntimeError):
         stacks = dict(stacks or {})
         straggle = ""
         if stalled:
-            where = ", ".join(f"{r}{_where(stacks.get(r, ''))}" for r in stalled)
+            where = ", ".join(f"{r}{where_text(stacks.get(r, ''))}" for r in stalled)
             straggle = (f" [still running without an error {_STALL_GRACE_S:g} s after the timeout: "
                         f"{'rank' if len(stalled) == 1 else 'ranks'} {where}; "
                         f"a rank that never joined the collective is among them]")
         super().__init__(f"rank {rank}{others}: {message}{straggle}")
         self.rank, self.message, self.failed, self.details = rank, message, failed, details
         self.stalled, self.stacks = list(stalled), stacks
-
-
-def main_thread_frames(stacks: str) -> list[tuple[str, int, str]]:
-    """(file, line, function) of the worker's main thread in faulthandler's dump `stacks`, innermost first
-    (the thread whose outermost frames include `_worker` of this module); [] if none is found."""
-    thread: list[tuple[str, int, str]] = []
-    for line in stacks.splitlines() + [""]:
-        line = line.strip()
-        if line.startswith("File "):
-            path, _, rest = line[5:].partition(", line ")
-            num, _, func = rest.partition(" in ")
-            thread.append((path.strip('"'), int(num) if num.isdigit() else 0, func))
-        elif thread and (not line or "thread 0x" in line.lower()):
-            if any(func == "_worker" and path.endswith(os.path.join("harness", "dist.py")) for path, _, func in thread):
-                return thread
-            thread = []
-    return []
-
-
-def _where(stacks: str) -> str:
-    """' (at file:line in f, inside torch.distributed)' for the main thread of a faulthandler dump."""
-    frames = main_thread_frames(stacks)
-    if not frames:
-        return " (no Python stack written)"
-    path, line, func = frames[0]
-    in_dist = any(f"torch{os.sep}distributed{os.sep}" in p for p, _, _ in frames)
-    return (f" (at {os.path.basename(path)}:{line} in {func}, "
-            f"{'inside torch.distributed' if in_dist else 'not in a torch.distributed call'})")
 
 
 def timeout_from_env(default: float = DEFAULT_TIMEOUT_S) -> float:
@@ -200,7 +171,7 @@ def _worker(rank: int, world_size: int, tmp: str, fn, args: tuple, device: str, 
     _die_with_parent()
     _detach_from_fork_server()
     _use_environment(env)
-    _stacks_on_request(rank, tmp)
+    stacks_on_request(rank, tmp)
     try:
         torch.set_num_threads(threads)
         backend = _setup_device(rank, world_size, device)
@@ -218,45 +189,6 @@ def _worker(rank: int, world_size: int, tmp: str, fn, args: tuple, device: str, 
     except BaseException as e:  # noqa: BLE001 - reported to the launcher, which reports it to the user
         _report_error(rank, tmp, e)
         raise SystemExit(1) from None
-
-
-_STACK_FILE = None  # kept open for faulthandler, which writes to its file descriptor from a signal handler
-
-
-def _stacks_on_request(rank: int, tmp: str) -> None:
-    """On _STACK_SIGNAL, write every Python thread's stack to `stack<rank>.txt` (faulthandler: works while the
-    main thread is blocked in C, e.g. inside a collective). The launcher asks stalled ranks for it."""
-    global _STACK_FILE
-    _STACK_FILE = open(os.path.join(tmp, f"stack{rank}.txt"), "w")  # noqa: SIM115 - lives as long as the worker
-    faulthandler.register(_STACK_SIGNAL, file=_STACK_FILE, all_threads=True, chain=False)
-
-
-def _stacks(procs: list, ranks: list[int], tmp: str) -> dict[int, str]:
-    """Ask each of `ranks` (running) for its Python stacks and wait up to _STACK_WAIT_S for the answers."""
-    asked = []
-    for r in ranks:
-        try:
-            os.kill(procs[r].pid, _STACK_SIGNAL)
-            asked.append(r)
-        except (OSError, TypeError):  # gone meanwhile
-            pass
-    paths = {r: os.path.join(tmp, f"stack{r}.txt") for r in asked}
-    deadline = time.monotonic() + _STACK_WAIT_S
-    sizes: dict[int, int] = {}
-    while time.monotonic() < deadline:
-        now = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
-        if all(now.values()) and now == sizes:  # every rank wrote, and nothing grew in the last 50 ms
-            break
-        sizes = now
-        time.sleep(0.05)
-    out = {}
-    for r, p in paths.items():
-        try:
-            with open(p, encoding="utf-8", errors="replace") as f:
-                out[r] = f.read()
-        except OSError:
-            out[r] = ""
-    return out
 
 
 def _to_bytes(obj) -> bytes:
@@ -479,7 +411,7 @@ def _wait(procs: list, tmp: str) -> None:
             first = _cause(failed, reports)
             msg, details = _failure(first, procs[first].exitcode, tmp)
             stalled = _stalled(procs, tmp) if any(w in msg for w in _TIMED_OUT) else []
-            stacks = _stacks(procs, stalled, tmp)
+            stacks = ask_stacks(procs, stalled, tmp)
             if stacks:
                 details += "".join(f"\n\nrank {r}, still running: Python stacks\n{t}" for r, t in stacks.items())
             raise WorkerError(first, msg, failed, details, stalled, stacks)
