@@ -303,7 +303,7 @@ def test_golden_regen_write_failure_is_one_line_and_status_1(fail_on, done, left
     assert main(["golden", "regen", "--dir", str(d), "--json"]) == 1
     cap = capsys.readouterr()
     err = cap.err.strip()
-    assert err.startswith(f"mok: golden regen: could not write {str(d / fail_on)!r} (OSError: No space left on "
+    assert err.startswith(f"mok: golden regen: could not read or write {str(d / fail_on)!r} (OSError: No space left on "
                           f"device); {len(left)} case(s) not regenerated"), err
     assert "Traceback" not in cap.err and len(err.splitlines()) == 1
     summary = json.loads(cap.out.splitlines()[-1])

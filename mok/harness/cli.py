@@ -221,8 +221,8 @@ def _regen_write_failed(out: _Out, golden_dir: Path, name: str, e: OSError, entr
             manifest = f"the manifest could not be updated either ({type(e2).__name__}: {e2.strerror or e2})"
     else:
         manifest = "the manifest is the old one"
-    msg = (f"mok: golden regen: could not write {str(golden_dir / name)!r} ({type(e).__name__}: {e.strerror or e}); "
-           f"{len(left)} case(s) not regenerated, {manifest}")
+    msg = (f"mok: golden regen: could not read or write {str(golden_dir / name)!r} "
+           f"({type(e).__name__}: {e.strerror or e}); {len(left)} case(s) not regenerated, {manifest}")
     print(msg, file=sys.stderr)
     out.record(summary=True, ok=False, error=msg, not_regenerated=[c.name for c in left], dir=str(golden_dir))
     return EXIT_FAILED
