@@ -27,7 +27,9 @@ def test_every_benchmark_shape_is_a_valid_fast_path_layer(name):
 def test_the_suite_has_token_counts_that_are_not_multiples_of_128():
     configs = json.loads((BENCH / "suite.json").read_text())["configs"]
     assert any(c["T"] % 128 for c in configs)
-    assert {c["K"] for c in configs} >= {2, 8}, "few large experts (K = 2) and many small ones (K = 8)"
+    assert {c["K"] for c in configs} >= {1, 2, 4, 8}, "top-1 (Llama 4), few large experts (K = 2), K = 4, K = 8"
+    assert any(c["E"] & (c["E"] - 1) for c in configs), "an expert count that is not a power of two"
+    assert any(c["H"] % 128 for c in configs), "a hidden size that is not a multiple of 128 (gpt-oss: 2880)"
 
 
 def test_bench_ep_traffic_counts_rows_routed_to_each_rank():
