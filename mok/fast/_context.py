@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _ep_buffer
-from ..reference import Dims, forward_facts, preflight
+from ..reference import Dims, check_context_args, forward_facts, preflight
 from ._checks import check_group, check_inputs
 from ._ep import EPContext
 from ._forward import FastContext, Schedule
@@ -62,15 +62,7 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
 def _check_saved_args(saved, x, topk_idx, topk_weight, shared, routed, W: int) -> Dims:
     """The layer's inputs as `forward` checks them, and `saved` against the layout of a forward with their
     sizes (module docstring); returns the sizes."""
-    if not isinstance(saved, (list, tuple)):
-        raise TypeError(f"saved: expected the list of tensors of save_context, got {type(saved).__name__}")
-    if len(saved) != N_SAVED:
-        raise ValueError(f"saved: expected the {N_SAVED} tensors of save_context, got {len(saved)}")
-    for name, t, what in (("shared", shared, "(shared_gate, shared_up, shared_down)"),
-                          ("routed", routed, "(routed_gate, routed_up, routed_down)")):
-        if not isinstance(t, (tuple, list)) or len(t) != 3:
-            raise ValueError(f"{name}: expected the 3 tensors {what}, got {type(t).__name__} of "
-                             f"{len(t) if isinstance(t, (tuple, list)) else '?'}")
+    check_context_args(saved, N_SAVED, shared, routed)
     d = check_inputs(x, topk_idx, topk_weight, *shared, *routed, world_size=W)
     R, TK, Ts = W * d.T * d.K, d.T * d.K, (d.T if shared[0] is not None else 0)
     i32, f32, b16 = torch.int32, torch.float32, torch.bfloat16

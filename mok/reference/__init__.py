@@ -8,14 +8,14 @@ Public API (everything else in this package is private):
   `rows_outer_sum`, `rowwise_dot`, `exp_exact`, `sigmoid_exact`, `silu_exact`, `dsilu_exact`,
   `log_exact_ge1`, `bf16`, `split_hi_lo`;
 - argument checks: `Dims`, `check_layer_args`, `check_expert_ids`, `check_grad_out`, `check_ep_split`,
-  `check_devices`, `check_route_args`, `check_score`;
+  `check_devices`, `check_route_args`, `check_score`, `check_context_args`;
 - bit-preserving collectives: `world`, `all_gather_cat`, `all_gather_varlen`, `check_same_across_ranks`;
   the pre-flight every rank runs before an expert-parallel call: `preflight`, `forward_facts`, `backend_fact`.
 """
 
 from ._autograd import MoEFunction, moe
 from ._comm import all_gather_cat, all_gather_varlen, check_same_across_ranks, preflight, world
-from ._context import load_context, save_context, saved_fake
+from ._context import check_context_args, load_context, save_context, saved_fake
 from ._exact import (CONTRACT_VERSION, bf16, dsilu_exact, exp_exact, log_exact_ge1, matmul_exact, rows_outer_sum,
                      rowwise_dot, sigmoid_exact, silu_exact, tree_sum)
 from ._layer import Ctx, backend_fact, backward, forward, forward_facts
@@ -30,7 +30,7 @@ __all__ = [
     "tree_sum", "matmul_exact", "rows_outer_sum", "rowwise_dot", "exp_exact", "sigmoid_exact", "silu_exact",
     "dsilu_exact", "log_exact_ge1", "bf16", "CONTRACT_VERSION",
     "Dims", "check_layer_args", "check_expert_ids", "check_grad_out", "check_ep_split", "check_devices",
-    "check_route_args", "check_score",
+    "check_route_args", "check_score", "check_context_args",
     "world", "all_gather_cat", "all_gather_varlen", "check_same_across_ranks", "preflight", "forward_facts",
     "backend_fact",
 ]

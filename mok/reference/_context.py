@@ -36,6 +36,20 @@ def save_context(ctx: Ctx) -> list[torch.Tensor]:
     return [o, *rows, counts, *shared]
 
 
+def check_context_args(saved, n_saved: int, shared, routed) -> None:
+    """The containers `load_context` takes (either implementation): `saved` a list or tuple of the `n_saved`
+    tensors of save_context, `shared` and `routed` 3-tuples (or lists) of the layer's weights. TypeError /
+    ValueError naming the argument."""
+    if not isinstance(saved, (list, tuple)):
+        raise TypeError(f"saved: expected the list of tensors of save_context, got {type(saved).__name__}")
+    if len(saved) != n_saved:
+        raise ValueError(f"saved: expected the {n_saved} tensors of save_context, got {len(saved)}")
+    for name, t, what in (("shared", shared, "(shared_gate, shared_up, shared_down)"),
+                          ("routed", routed, "(routed_gate, routed_up, routed_down)")):
+        if not isinstance(t, (tuple, list)) or len(t) != 3:
+            raise ValueError(f"{name}: expected the 3 tensors {what}, got {comm._short(t)}")
+
+
 def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: tuple, group=None) -> Ctx:
     """Rebuild the `Ctx` of `forward(x, topk_idx, topk_weight, *shared, *routed, group=group)` from
     `save_context`'s tensors (the layer inputs as given to forward; gathers them again under W > 1).
@@ -49,14 +63,7 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
     W, rank = comm.world(group)
     dims, err = None, None
     try:
-        if not isinstance(saved, (list, tuple)):
-            raise TypeError(f"saved: expected the list of tensors of save_context, got {type(saved).__name__}")
-        if len(saved) != N_SAVED:
-            raise ValueError(f"saved: expected the {N_SAVED} tensors of save_context, got {len(saved)}")
-        for name, t, what in (("shared", shared, "(shared_gate, shared_up, shared_down)"),
-                              ("routed", routed, "(routed_gate, routed_up, routed_down)")):
-            if not isinstance(t, (tuple, list)) or len(t) != 3:
-                raise ValueError(f"{name}: expected the 3 tensors {what}, got {comm._short(t)}")
+        check_context_args(saved, N_SAVED, shared, routed)
         dims = check_layer_args(x, topk_idx, topk_weight, *shared, *routed, world_size=W)
         o_TKH, f, g, u, a, counts, sg, su, sa = saved
         sizes = counts.tolist()
