@@ -119,6 +119,10 @@ def _exchange(op: str, failed: bool, values: list[int], group, device) -> list[l
         if _OPS["forward"] in ops and ({_OPS["backward"], _OPS["load_context"]} & set(ops)):
             hint = (" (ranks out of step: every rank must run each forward and each backward of the layer "
                     "together; with mok.moe / mok.MoE also with the same recompute)")
+        elif _OPS["router"] in ops:
+            hint = (" (ranks out of step: mok.MoE checks its router settings across the group on its first routing "
+                    "and after score or normalize change; every rank must make that change, or create the module, "
+                    "together)")
         raise RuntimeError("group: expected every rank in the same mok call, got "
                            + _by_rank([_OP_NAMES.get(o, "an unknown collective") for o in ops]) + hint)
     return rows
