@@ -29,6 +29,8 @@ def test_the_suite_has_token_counts_that_are_not_multiples_of_128():
     assert any(c["T"] % 128 for c in configs)
     assert {c["K"] for c in configs} >= {1, 2, 4, 8}, "top-1 (Llama 4), few large experts (K = 2), K = 4, K = 8"
     assert any(c["E"] & (c["E"] - 1) for c in configs), "an expert count that is not a power of two"
+    assert any(c["K"] == 1 and c["S"] for c in configs), "top-1 with a shared expert (Llama 4)"
+    assert any(c["K"] == 4 and c["S"] for c in configs), "top-4 with a shared expert (Qwen1.5-MoE)"
     assert any(c["H"] % 128 for c in configs), "a hidden size that is not a multiple of 128 (gpt-oss: 2880)"
 
 

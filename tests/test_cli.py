@@ -298,8 +298,16 @@ def test_golden_regen_write_failure_is_one_line_and_status_1(fail_on, done, left
             raise OSError(errno.ENOSPC, "No space left on device")
         real(path, data)
 
-    monkeypatch.setattr(golden, "write_atomic", full_disk)
     d = tmp_path / "g"
+    assert main(["golden", "regen", "--dir", str(d)]) == 0  # a complete set first
+    old = golden.read_manifest(d)["cases"]
+    for c in CASES[1:]:  # then the cases past the first are stale: a manifest entry whose file is not the case's
+        old[c.name] = {**old[c.name], "stale": True}
+    golden.write_manifest(old, d)
+    for c in CASES:
+        (d / c.file).unlink()
+    capsys.readouterr()
+    monkeypatch.setattr(golden, "write_atomic", full_disk)
     assert main(["golden", "regen", "--dir", str(d), "--json"]) == 1
     cap = capsys.readouterr()
     err = cap.err.strip()
@@ -310,7 +318,9 @@ def test_golden_regen_write_failure_is_one_line_and_status_1(fail_on, done, left
     assert summary["ok"] is False and summary["not_regenerated"] == left
     on_disk = sorted(p.name for p in d.glob("*.safetensors"))
     assert on_disk == sorted(c.file for c in CASES if c.name in done)
-    if fail_on != "manifest.json":
-        assert sorted(golden.read_manifest(d)["cases"]) == sorted(done)
-    else:
-        assert not (d / "manifest.json").exists()
+    entries = golden.read_manifest(d)["cases"]
+    if fail_on != "manifest.json":  # rewritten: fresh entries for the cases done, the old ones for those not reached
+        assert sorted(entries) == sorted(c.name for c in CASES)
+        assert [c.name for c in CASES if entries[c.name].get("stale")] == left
+    else:  # the old manifest, untouched
+        assert entries == old

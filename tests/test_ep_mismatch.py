@@ -150,7 +150,7 @@ def by_rank():
     # mok.MoE renormalising the K weights on rank 0 only
     ("MoE normalize", ["ValueError", "normalize: expected the same normalize", "1 on rank 0, 0 on rank 1"]),
     # rank 1 switches its module to sigmoid after a step; its next routing checks again, rank 0 is in the layer
-    ("MoE score changed", ["RuntimeError", "forward on rank 0, router settings check", "on rank 1",
+    ("MoE score changed", ["RuntimeError", "forward on rank 0, mok.MoE's router settings check on rank 1",
                            "every rank must make that change"]),
 ])
 def test_every_rank_raises_the_same_error(by_rank, name, parts):

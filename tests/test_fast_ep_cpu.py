@@ -160,15 +160,17 @@ def test_fast_load_context_runs_the_preflight_before_the_peer_buffer(what, parts
             assert p in m, (rank, m)
 
 
-@pytest.mark.parametrize("index, bad, match", [
+@pytest.mark.parametrize("index, bad, exc, match", [
     # the schedule's offsets for 3 experts where the layer has 2
-    (0, lambda t: torch.zeros(7, dtype=torch.int32), r"tensor 0 \(offsets\) .* to be torch.int32 \[5\]"),
-    # g|u in bf16 instead of fp32
-    (4, lambda t: t.bfloat16(), r"tensor 4 \(gu_R2I\) .* to be torch.float32"),
+    (0, lambda t: torch.zeros(7, dtype=torch.int32), ValueError, r"tensor 0 \(offsets\) .* to be torch.int32 \[5\]"),
+    # g|u in bf16 instead of fp32: a dtype, so a TypeError
+    (4, lambda t: t.bfloat16(), TypeError, r"tensor 4 \(gu_R2I\) .* to be torch.float32"),
     # a plain list where a tensor belongs
-    (6, lambda t: t.tolist(), r"^saved: expected tensor 6 \(o_RH\) to be a torch.Tensor"),
+    (6, lambda t: t.tolist(), TypeError, r"^saved: expected tensor 6 \(o_RH\) to be a torch.Tensor"),
+    # nothing changed: the layout of a forward with these sizes is accepted (W = 1: a FastContext comes back)
+    (None, None, None, None),
 ])
-def test_fast_load_context_checks_the_saved_layout(index, bad, match, monkeypatch):
+def test_fast_load_context_checks_the_saved_layout(index, bad, exc, match, monkeypatch):
     from mok.fast import _context
     monkeypatch.setattr(_context, "check_inputs",
                         lambda *a, world_size=1: reference.check_layer_args(*a, world_size=world_size))
@@ -176,7 +178,10 @@ def test_fast_load_context_checks_the_saved_layout(index, bad, match, monkeypatc
     x, idx = inputs["x"], inputs["topk_idx"]
     shared, routed = tuple(inputs[a] for a in LAYER_ARGS[3:6]), tuple(inputs[a] for a in LAYER_ARGS[6:])
     saved = mok.fast.saved_fake(x, idx, shared, routed)
+    if index is None:
+        ctx = mok.fast.load_context(saved, x, idx, inputs["topk_weight"], shared, routed)
+        assert isinstance(ctx, mok.fast.FastContext) and ctx.x_RH is saved[3] and ctx.dims.E == 2
+        return
     saved[index] = bad(saved[index])
-    exc = TypeError if index == 6 else ValueError
     with pytest.raises(exc, match=match):
         mok.fast.load_context(saved, x, idx, inputs["topk_weight"], shared, routed)

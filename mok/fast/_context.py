@@ -73,9 +73,10 @@ def _check_saved_args(saved, x, topk_idx, topk_weight, shared, routed, W: int) -
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"saved: expected tensor {i} ({name}) to be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != dtype or tuple(t.shape) != shape or t.device != x.device:
-            raise ValueError(f"saved: expected tensor {i} ({name}) of a forward with (T, H, K, L, I, S, W) = "
-                             f"{(d.T, d.H, d.K, d.L, d.I, d.S, W)} to be {dtype} {list(shape)} on {x.device}, got "
-                             f"{t.dtype} {list(t.shape)} on {t.device}")
+            exc = TypeError if t.dtype != dtype else ValueError  # docs/bad_input.md: a wrong dtype is a TypeError
+            raise exc(f"saved: expected tensor {i} ({name}) of a forward with (T, H, K, L, I, S, W) = "
+                      f"{(d.T, d.H, d.K, d.L, d.I, d.S, W)} to be {dtype} {list(shape)} on {x.device}, got "
+                      f"{t.dtype} {list(t.shape)} on {t.device}")
     return d
 
 

@@ -55,8 +55,9 @@ class WorkerError(RuntimeError):
     """A worker process failed: `rank` and its message (exception type and text, or how it died).
 
     After a collective timed out, `stalled` lists the ranks still running without an error and `stacks` maps
-    each to the Python stacks of its threads at that moment (faulthandler's text; "" if it did not answer):
-    the message names where each one's main thread was, and whether inside torch.distributed."""
+    each to the Python stacks of its threads at that moment (its stack file: a header line, then faulthandler's
+    text; None if it had not started `fn`): the message names where each one was, and whether inside
+    torch.distributed (mok/harness/stacks.py)."""
 
     def __init__(self, rank: int, message: str, failed: list[int], details: str = "", stalled: list[int] = (),
                  stacks: dict | None = None):
@@ -64,7 +65,7 @@ class WorkerError(RuntimeError):
         stacks = dict(stacks or {})
         straggle = ""
         if stalled:
-            where = ", ".join(f"{r}{where_text(stacks.get(r, ''))}" for r in stalled)
+            where = ", ".join(f"{r}{where_text(stacks[r]) if r in stacks else ''}" for r in stalled)
             straggle = (f" [still running without an error {_STALL_GRACE_S:g} s after the timeout: "
                         f"{'rank' if len(stalled) == 1 else 'ranks'} {where}; "
                         f"a rank that never joined the collective is among them]")
@@ -413,7 +414,8 @@ def _wait(procs: list, tmp: str) -> None:
             stalled = _stalled(procs, tmp) if any(w in msg for w in _TIMED_OUT) else []
             stacks = ask_stacks(procs, stalled, tmp)
             if stacks:
-                details += "".join(f"\n\nrank {r}, still running: Python stacks\n{t}" for r, t in stacks.items())
+                details += "".join(f"\n\nrank {r}, still running: Python stacks\n{t}" for r, t in stacks.items()
+                                   if t is not None)
             raise WorkerError(first, msg, failed, details, stalled, stacks)
 
 

@@ -233,8 +233,9 @@ class MoE(nn.Module):
         self._fast_ready = True
 
     def _check_router_across_ranks(self) -> None:
-        """With a group, on the first eager routing and again after `score` or `normalize` change: every rank
-        must route with the same settings (the layer's own pre-flight checks T, H, K, L, I, S and the backend
+        """With a group, on the first eager expert computation (`forward`, `compute_experts`: collective calls
+        anyway; `route` stays local) and again after `score` or `normalize` change: every rank must route with
+        the same settings (the layer's own pre-flight checks T, H, K, L, I, S and the backend
         on every call, not these), else every rank raises a ValueError naming the setting and each rank's
         value. One exchange of 64 int64 per rank (`mok.reference.preflight`, op "router"); skipped while
         torch.compile traces."""
@@ -333,7 +334,6 @@ class MoE(nn.Module):
 
     def _route(self, x_TH: torch.Tensor) -> Routing:
         self._ensure_ready()
-        self._check_router_across_ranks()
         return Routing(*ops.router(x_TH, self._local("w_router_EH"), self.top_k, score=self.score,
                                    normalize=self.normalize, backend=self.backend_in_use))
 
@@ -347,6 +347,7 @@ class MoE(nn.Module):
     def _compute_experts(self, x_TH: torch.Tensor, topk_idx_TK: torch.Tensor,
                          topk_weight_TK: torch.Tensor) -> torch.Tensor:
         self._ensure_ready()
+        self._check_router_across_ranks()
         w = [self._local(n) for n in ("w_shared_gate_up_2SH", "w_shared_down_HS", "w_gate_up_L2IH", "w_down_LHI")]
         return ops.moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, *w, group=self.group, backend=self.backend_in_use,
                                recompute=self.recompute)

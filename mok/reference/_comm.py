@@ -34,7 +34,7 @@ DESC_LEN = 64  # int64 slots per rank in every pre-flight exchange
 _MAGIC = 0x6D6F6B  # "mok"
 _OPS = {"forward": 1, "backward": 2, "check_same_across_ranks": 3, "load_context": 4, "router": 5}
 _OP_NAMES = {1: "forward", 2: "backward", 3: "check_same_across_ranks", 4: "backward (load_context)",
-             5: "router settings check (mok.MoE's first routing)"}
+             5: "mok.MoE's router settings check"}
 _OK, _FAILED = 0, 1
 
 
@@ -120,9 +120,9 @@ def _exchange(op: str, failed: bool, values: list[int], group, device) -> list[l
             hint = (" (ranks out of step: every rank must run each forward and each backward of the layer "
                     "together; with mok.moe / mok.MoE also with the same recompute)")
         elif _OPS["router"] in ops:
-            hint = (" (ranks out of step: mok.MoE checks its router settings across the group on its first routing "
-                    "and after score or normalize change; every rank must make that change, or create the module, "
-                    "together)")
+            hint = (" (ranks out of step: mok.MoE checks its router settings across the group on its first expert "
+                    "computation and after score or normalize change; every rank must make that change, or create "
+                    "the module, together)")
         raise RuntimeError("group: expected every rank in the same mok call, got "
                            + _by_rank([_OP_NAMES.get(o, "an unknown collective") for o in ops]) + hint)
     return rows
