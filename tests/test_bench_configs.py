@@ -258,3 +258,24 @@ def test_new_shapes_check_next_step_pairs_each_shape_with_the_other_tile(tmp_pat
     forced = {cfg["name"] for _, cfg, env in parsed if env.get("MOK_FAST_GEMM_VARIANT")}
     plain = {cfg["name"] for _, cfg, env in parsed if cfg is not None and not env}
     assert forced == plain == {"mid-64e", "glm-4.5-air", "dsv3-ep8-slice"}, (forced, plain)
+
+
+def test_main_check_run25_workloads_and_configs_all_parse(tmp_path):
+    """Run 25's device call: the five new suite shapes by name (bench_moe --configs) and as energy_probe
+    workloads, mok and the grouped_mm path each."""
+    import os
+    import subprocess
+
+    parse, configs = _energy_probe()
+
+    def step(name):
+        r = subprocess.run(["bash", str(BENCH / "main_check_run25.sh"), name], capture_output=True, text=True,
+                           cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+
+    names = step("configs")[0].split(",")
+    assert len(names) == 5 and set(names) <= set(configs), names
+    parsed = [parse(s, configs) for s in step("workloads")]
+    assert [k for k, _, _ in parsed].count("grouped_mm") == 5
+    assert {cfg["name"] for _, cfg, _ in parsed if cfg is not None} == set(names)
