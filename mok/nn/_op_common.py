@@ -35,20 +35,11 @@ def _group(group_name: Optional[str]):
 
 
 def group_name(group) -> Optional[str]:
-    """The name the ops take for a process group (None for no expert parallelism). TypeError naming `group` for
-    anything else than a ProcessGroup or None (a group's name, a world size, a DeviceMesh)."""
-    if group is None:
-        return None
-    pg = getattr(torch.distributed, "ProcessGroup", None) if torch.distributed.is_available() else None
-    if pg is None or not isinstance(group, pg):
-        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, got {type(group).__name__} "
-                        f"{_short(group)}")
-    return group.group_name
-
-
-def _short(v, n: int = 80) -> str:
-    r = repr(v)
-    return r if len(r) <= n else r[: n - 3] + "..."
+    """The name the ops take for a process group (None for no expert parallelism). `reference.world`'s check:
+    TypeError naming `group` for anything else than a ProcessGroup or None (a group's name, a world size, a
+    DeviceMesh), ValueError for a group this process cannot use."""
+    reference.world(group)
+    return None if group is None else group.group_name
 
 
 def check_tensors(named, optional=()) -> None:
