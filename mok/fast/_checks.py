@@ -46,6 +46,12 @@ def sizes_problem(H: int, I: int, S: int) -> str | None:
     return None
 
 
+def check_cuda(name: str, t: torch.Tensor) -> None:
+    """ValueError naming `name` unless `t` is on a CUDA device."""
+    if t.device.type != "cuda":
+        raise ValueError(f"{name}: expected a CUDA tensor (mok.fast runs on the GPU), got device {t.device}")
+
+
 def check_group(group) -> int:
     """World size W of `group` (1 for None); TypeError/ValueError for what is not a live process group."""
     return world(group)[0]
@@ -55,8 +61,8 @@ def check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, 
                  routed_down, world_size: int = 1) -> Dims:
     """Validate the layer's inputs (docs/layer.md, docs/bad_input.md) for the fast path; returns their sizes
     (E = L * world_size)."""
-    if isinstance(x, torch.Tensor) and x.device.type != "cuda":
-        raise ValueError(f"x: expected a CUDA tensor (mok.fast runs on the GPU), got device {x.device}")
+    if isinstance(x, torch.Tensor):
+        check_cuda("x", x)
     args = (x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down)
     d = check_layer_args(*args, world_size=world_size)
     problem = sm90_problem(x.device)

@@ -17,14 +17,12 @@ import torch
 
 from ..reference import check_route_args, check_score
 from . import _lib
+from ._checks import check_cuda
 from ._lib import Operand, Segment
 
 
-def _on_cuda(name: str, t: torch.Tensor) -> None:
-    """ValueError naming `name` unless `t` is on a CUDA device (the CPU stand-ins of tests/fast_emulator.py and
-    benchmarks/host_cost.py replace this check)."""
-    if t.device.type != "cuda":
-        raise ValueError(f"{name}: expected a CUDA tensor (mok.fast runs on the GPU), got device {t.device}")
+_on_cuda = check_cuda  # the layer's device check; the CPU stand-ins (tests/fast_emulator.py,
+# benchmarks/host_cost.py) replace this name for the router's functions
 
 
 def _on_cuda_tensor(name: str, t) -> None:
