@@ -371,51 +371,49 @@ def test_destroy_process_group_stops_gloo_threads():
     assert during > 0 and after == 0, r.stdout + r.stderr  # gloo threads while the group lives, none after
 
 
-_DUMP = """mok main thread 0x00007f0000000001
-Thread 0x00007f0000000002 (most recent call first):
-  File "/usr/lib/python3.11/threading.py", line 320 in wait
-  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+def _stack_file(*threads, main=1):
+    """A worker's stack file: its header line naming thread `main`, then faulthandler's text for each
+    (thread id, [(path, line, function)] innermost first)."""
+    text = f"mok main thread 0x{main:016x}\n"
+    for i, (tid, frames) in enumerate(threads):
+        text += f"{'Current thread' if tid == main else 'Thread'} 0x{tid:016x} (most recent call first):\n"
+        text += "".join(f'  File "{p}", line {n} in {f}\n'.replace("/", os.sep) for p, n, f in frames)
+        text += "\n" if i + 1 < len(threads) else ""
+    return text
 
-Current thread 0x00007f0000000001 (most recent call first):
-  File "/venv/torch/distributed/distributed_c10d.py", line 4287 in all_gather
-  File "/src/train.py", line 12 in step
-  File "/src/mok/harness/dist.py", line 213 in _worker
-  File "/usr/lib/python3.11/multiprocessing/process.py", line 108 in run
-"""
+
+_WORKER = ("/src/mok/harness/dist.py", 213, "_worker")
+_DUMP = _stack_file((2, [("/usr/lib/python3.11/threading.py", 320, "wait"),
+                         ("/usr/lib/python3.11/threading.py", 1002, "_bootstrap")]),
+                    (1, [("/venv/torch/distributed/distributed_c10d.py", 4287, "all_gather"),
+                         ("/src/train.py", 12, "step"), _WORKER,
+                         ("/usr/lib/python3.11/multiprocessing/process.py", 108, "run")]))
 
 
 def test_main_thread_frames_picks_the_workers_thread():
     """faulthandler lists threads in no fixed order: the main thread is the one the stack file's header names; a
     rank inside a collective is told apart from one that never called it."""
-    dump = _DUMP.replace("/", os.sep)
-    frames = main_thread_frames(dump)
+    frames = main_thread_frames(_DUMP)
     assert [f for _, _, f in frames] == ["all_gather", "step", "_worker", "run"]
     assert frames[0][1] == 4287
-    err = WorkerError(0, "RuntimeError: Timed out", [0], stalled=[2], stacks={2: dump})
+    err = WorkerError(0, "RuntimeError: Timed out", [0], stalled=[2], stacks={2: _DUMP})
     assert "rank 2 (at distributed_c10d.py:4287 in all_gather, inside torch.distributed)" in str(err), str(err)
-    assert main_thread_frames("") == [] and main_thread_frames(dump.split("Current")[0]) == []
+    assert main_thread_frames("") == [] and main_thread_frames(_DUMP.split("Current")[0]) == []
 
 
 @pytest.mark.parametrize("dump, where", [
     # a backward's collective on autograd's device thread while the main thread waits in backward()
-    ("""mok main thread 0x0000000000000001
-Thread 0x0000000000000002 (most recent call first):
-  File "/venv/torch/distributed/distributed_c10d.py", line 4287 in all_gather
-  File "/src/mok/nn/ops.py", line 120 in _moe_bwd
-
-Current thread 0x0000000000000001 (most recent call first):
-  File "/venv/torch/autograd/graph.py", line 829 in _engine_run_backward
-  File "/src/mok/harness/dist.py", line 213 in _worker
-""", "(at distributed_c10d.py:4287 in all_gather, another thread, inside torch.distributed)"),
+    (_stack_file((2, [("/venv/torch/distributed/distributed_c10d.py", 4287, "all_gather"),
+                      ("/src/mok/nn/ops.py", 120, "_moe_bwd")]),
+                 (1, [("/venv/torch/autograd/graph.py", 829, "_engine_run_backward"), _WORKER])),
+     "(at distributed_c10d.py:4287 in all_gather, another thread, inside torch.distributed)"),
     # 120 nested calls: faulthandler stops at 100 frames, so _worker is cut off; the header still names the thread
-    ("mok main thread 0x0000000000000001\nCurrent thread 0x0000000000000001 (most recent call first):\n"
-     + "".join(f'  File "/src/deep.py", line {i} in f{i}\n' for i in range(100)) + "  ...\n",
+    (_stack_file((1, [("/src/deep.py", i, f"f{i}") for i in range(100)])) + "  ...\n",
      "(at deep.py:0 in f0, not in a torch.distributed call)"),
     # a rank that had not registered its handler: never signalled (SIGUSR1's default action would kill it)
     (None, "(not started: still loading its function and arguments)"),
     # the header alone: it did not answer in time
-    ("mok main thread 0x0000000000000001\n", "(no stack written)"),
+    (_stack_file(), "(no stack written)"),
 ])
 def test_where_a_stalled_rank_was(dump, where):
-    dump = dump.replace("/", os.sep) if dump else dump
     assert where_text(dump) == " " + where

@@ -22,11 +22,17 @@ def stacks_on_request(rank: int, tmp: str) -> None:
     main thread is blocked in C, e.g. inside a collective). The launcher asks stalled ranks for it."""
     global _STACK_FILE
     path = os.path.join(tmp, f"stack{rank}.txt")
-    _STACK_FILE = open(path + ".new", "w")  # noqa: SIM115 - lives as long as the worker
+    try:
+        _STACK_FILE = open(path + ".new", "w")  # noqa: SIM115 - lives as long as the worker
+    except OSError:  # the run's directory is gone: the launcher is stopping the run (a signal) and kills this worker
+        return
     _STACK_FILE.write(f"{_MAIN_MARK}0x{threading.main_thread().ident:016x}\n")  # the thread header to look for
     _STACK_FILE.flush()  # faulthandler writes to the descriptor, after this line
     faulthandler.register(_STACK_SIGNAL, file=_STACK_FILE, all_threads=True, chain=False)
-    os.replace(path + ".new", path)  # the file appears with its header, once the handler is in place
+    try:
+        os.replace(path + ".new", path)  # the file appears with its header, once the handler is in place
+    except OSError:
+        pass  # as above: nobody will ask
 
 
 def ask_stacks(procs: list, ranks: list[int], tmp: str) -> dict[int, str]:
@@ -59,30 +65,27 @@ def ask_stacks(procs: list, ranks: list[int], tmp: str) -> dict[int, str]:
     return out
 
 
-def _threads(stacks: str) -> tuple[str | None, list[tuple[str, list[tuple[str, int, str]]]]]:
-    """(the main thread's id from the header line or None, [(thread header, frames innermost first)])."""
+def _threads(stacks: str) -> list[tuple[bool, list[tuple[str, int, str]]]]:
+    """[(whether it is the worker's main thread, its frames (file, line, function) innermost first)] of a stack
+    file: its header line names the main thread's id, as faulthandler's thread headers print it."""
     main, threads = None, []
     for line in stacks.splitlines():
         line = line.strip()
         if line.startswith(_MAIN_MARK):
             main = line[len(_MAIN_MARK):]
         elif "thread 0x" in line.lower():
-            threads.append((line, []))
+            threads.append((main is not None and main in line, []))
         elif line.startswith("File ") and threads:
             path, _, rest = line[5:].partition(", line ")
             num, _, func = rest.partition(" in ")
             threads[-1][1].append((path.strip('"'), int(num) if num.isdigit() else 0, func))
-    return main, threads
+    return threads
 
 
 def main_thread_frames(stacks: str) -> list[tuple[str, int, str]]:
     """(file, line, function) of the worker's main thread in its stack file `stacks`, innermost first (the
     thread the header line names; faulthandler prints at most 100 frames a thread); [] if it is not there."""
-    main, threads = _threads(stacks)
-    for header, frames in threads:
-        if main is not None and main in header:
-            return frames
-    return []
+    return next((frames for is_main, frames in _threads(stacks) if is_main), [])
 
 
 def _in_dist(frames) -> bool:
@@ -95,15 +98,13 @@ def where_text(stacks: str | None) -> str:
     thread."""
     if stacks is None:
         return " (not started: still loading its function and arguments)"
-    main, threads = _threads(stacks)
+    threads = _threads(stacks)
     if not threads:
         return " (no stack written)"
-    in_dist = [(h, f) for h, f in threads if f and _in_dist(f)]
-    header, frames = in_dist[0] if in_dist else next(((h, f) for h, f in threads if main is not None and main in h),
-                                                     (None, []))
+    in_dist = [(m, f) for m, f in threads if _in_dist(f)]
+    is_main, frames = in_dist[0] if in_dist else next(((m, f) for m, f in threads if m), (True, []))
     if not frames:
         return " (stacks written, its main thread not among them)"
     path, line, func = frames[0]
-    thread = "" if main is not None and main in header else ", another thread"
-    return (f" (at {os.path.basename(path)}:{line} in {func}{thread}, "
+    return (f" (at {os.path.basename(path)}:{line} in {func}{'' if is_main else ', another thread'}, "
             f"{'inside torch.distributed' if in_dist else 'not in a torch.distributed call'})")
