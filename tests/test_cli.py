@@ -277,6 +277,21 @@ def test_golden_regen_json_lines(tmp_path, capsys):
     assert recs[-1]["summary"] is True and recs[-1]["refused"] == 0
 
 
+def test_golden_regen_names_a_case_it_drops(tmp_path, capsys):
+    """A manifest entry for a case this mok version does not list is left out of the new manifest, and said so."""
+    import mok.harness.golden as golden
+
+    d = tmp_path / "g"
+    assert main(["golden", "regen", "--dir", str(d)]) == 0
+    old = golden.read_manifest(d)["cases"]
+    golden.write_manifest({**old, "gone": old[CASES[0].name]}, d)
+    capsys.readouterr()
+    assert main(["golden", "regen", "--dir", str(d), "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["manifest.json: dropped case 'gone' (not in this mok version's "
+                                                    "case list)"]
+    assert sorted(golden.read_manifest(d)["cases"]) == sorted(c.name for c in CASES)
+
+
 @pytest.mark.parametrize("fail_on, done, left", [
     # the second case's file: the first is written and in the manifest, the rest not regenerated
     (CASES[1].file, [CASES[0].name], [c.name for c in CASES[1:]]),
@@ -303,6 +318,7 @@ def test_golden_regen_write_failure_is_one_line_and_status_1(fail_on, done, left
     old = golden.read_manifest(d)["cases"]
     for c in CASES[1:]:  # then the cases past the first are stale: a manifest entry whose file is not the case's
         old[c.name] = {**old[c.name], "stale": True}
+    old["gone"] = dict(old[CASES[0].name])  # a case this mok version no longer lists
     golden.write_manifest(old, d)
     for c in CASES:
         (d / c.file).unlink()
@@ -316,11 +332,13 @@ def test_golden_regen_write_failure_is_one_line_and_status_1(fail_on, done, left
     assert "Traceback" not in cap.err and len(err.splitlines()) == 1
     summary = json.loads(cap.out.splitlines()[-1])
     assert summary["ok"] is False and summary["not_regenerated"] == left
+    dropped = [r["dropped_case"] for r in map(json.loads, cap.out.splitlines()) if "dropped_case" in r]
     on_disk = sorted(p.name for p in d.glob("*.safetensors"))
     assert on_disk == sorted(c.file for c in CASES if c.name in done)
     entries = golden.read_manifest(d)["cases"]
     if fail_on != "manifest.json":  # rewritten: fresh entries for the cases done, the old ones for those not reached
         assert sorted(entries) == sorted(c.name for c in CASES)
         assert [c.name for c in CASES if entries[c.name].get("stale")] == left
+        assert dropped == ["gone"]  # left out of the rewritten manifest, and said (was: silently)
     else:  # the old manifest, untouched
-        assert entries == old
+        assert entries == old and dropped == []

@@ -194,14 +194,23 @@ def _golden_regen(args, out: _Out) -> int:
             entry = old_entries.get(case.name)
         if entry is not None:
             entries[case.name] = entry
-    for name in sorted(set(old_entries) - {c.name for c in CASES}):
-        out.text(f"{MANIFEST}: dropped case {name!r} (not in this mok version's case list)", always=True)
     try:
         write_manifest(entries, golden_dir)
     except OSError as e:
         return _regen_write_failed(out, golden_dir, MANIFEST, e, entries, old_entries, [])
+    _report_dropped(out, old_entries)
     out.record(summary=True, ok=not refused, refused=refused, dir=str(golden_dir))
     return EXIT_FAILED if refused else EXIT_OK
+
+
+def _report_dropped(out: _Out, old_entries: dict) -> None:
+    """Name each case of the old manifest that the manifest `golden regen` writes leaves out (not in this mok
+    version's case list): a text line each, or a JSON record each."""
+    from .golden import CASES, MANIFEST
+
+    for name in sorted(set(old_entries) - {c.name for c in CASES}):
+        out.text(f"{MANIFEST}: dropped case {name!r} (not in this mok version's case list)", always=True)
+        out.record(dropped_case=name, ok=True)
 
 
 def _regen_write_failed(out: _Out, golden_dir: Path, name: str, e: OSError, entries: dict, old_entries: dict,
@@ -217,6 +226,7 @@ def _regen_write_failed(out: _Out, golden_dir: Path, name: str, e: OSError, entr
     if name != MANIFEST:
         try:
             write_manifest(kept, golden_dir)
+            _report_dropped(out, old_entries)
         except OSError as e2:
             manifest = f"the manifest could not be updated either ({type(e2).__name__}: {e2.strerror or e2})"
     else:
