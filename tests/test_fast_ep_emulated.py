@@ -199,3 +199,44 @@ def test_the_fused_swiglu_backward_switch_keeps_every_output(monkeypatch, name):
         for k in OUTPUT_NAMES:
             if want[k] is not None:
                 assert_bitwise_equal(got[k], want[k], f"fused W={W} {k}")
+
+
+def _run_concat_lifetime(rank, world_size, group, inputs, W):
+    """(concatenations made, how many of them were still alive when the gate/up weight gradients began)."""
+    import weakref
+
+    import fast_emulator
+
+    import mok.fast
+    from mok.fast import _backward
+
+    fast_emulator.install()
+    fast_emulator.stub_streams()
+    made, alive = [], []
+    concat, gate_up_grads = _backward._concat, _backward.gate_up_weight_grads
+
+    def concat_seen(gate, up, dim, out):
+        made.append(weakref.ref(out))
+        concat(gate, up, dim, out)
+
+    def gate_up_grads_seen(*args, **kwargs):
+        alive.append(sum(r() is not None for r in made))
+        return gate_up_grads(*args, **kwargs)
+
+    _backward._concat, _backward.gate_up_weight_grads = concat_seen, gate_up_grads_seen
+    local = shard_inputs(inputs, rank, W)
+    y, ctx = mok.fast.forward(*(local[a] for a in LAYER_ARGS), group=group if W > 1 else None)
+    mok.fast.backward(ctx, local["dy"])
+    mok.fast.release_ep_buffers()
+    return len(made), alive
+
+
+@pytest.mark.parametrize("W", [1, 2])  # the one-GPU backward (run_backward) / the expert-parallel one (run_backward_ep)
+def test_the_gate_up_concatenation_is_freed_before_the_weight_gradients(W):
+    """Separate gate and up tensors are concatenated for the d_x GEMM only: that copy ([E, 2I, H] and [2S, H], as
+    large as the gate/up weights) is freed before the weight gradients' buffers are allocated, so it does not add
+    to the backward's peak memory (was: alive until the backward returned)."""
+    inputs = make_inputs(CFGS["shared"], seed=27)
+    for rank, (made, alive) in enumerate(launch(_run_concat_lifetime, (inputs, W), W, timeout_s=60)):
+        assert made == 2, f"rank {rank}: {made} concatenations (routed and shared expected)"
+        assert alive == [0], f"rank {rank}: {alive} concatenations alive at the gate/up weight gradients"

@@ -146,9 +146,10 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separat
     go_RH = _empty(dev, torch.bfloat16, R, H)
     _lib_ep.ep_gather_rows(buf.tables["go"], T * K, 1, sched.row_pair, sched.offsets, L, go_RH)
     rows_all = _shared_rows_all(buf, S, W, T, H, dev) if S else None  # read before phase 3 lets ranks move on
-    w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su)
     dgu, _ = d_act_swiglu(lctx, None, go_RH, rd, sd)
+    w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su)  # a concatenation lives only for the d_x GEMM
     dx_RH, dxs = d_input_rows(lctx, dgu, dgu_s, w_gu, w_gu_s)
+    del w_gu, w_gu_s
     _lib_ep.ep_scatter_rows(dx_RH, sched.row_pair, sched.offsets, L, T * K, buf.tables["dx_slots"])
     _sync_phase(buf, BWD_PUSHED, buf.epoch_bwd)
 
