@@ -279,3 +279,16 @@ def test_main_check_run25_workloads_and_configs_all_parse(tmp_path):
     parsed = [parse(s, configs) for s in step("workloads")]
     assert [k for k, _, _ in parsed].count("grouped_mm") == 5
     assert {cfg["name"] for _, cfg, _ in parsed if cfg is not None} == set(names)
+
+
+def test_main_check_run26_configs_are_suite_shapes(tmp_path):
+    """Run 26's device call: its --configs are all shapes of the suite (bench_moe --suite runs only those)."""
+    import os
+    import subprocess
+
+    r = subprocess.run(["bash", str(BENCH / "main_check_run26.sh"), "configs"], capture_output=True, text=True,
+                       cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    names = r.stdout.split()[0].split(",")
+    suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
+    assert len(names) == 4 and set(names) <= suite, (names, sorted(suite))
