@@ -112,6 +112,21 @@ class Method:
                                else v) for k, v in inp.items() if k in ARGS}
             self.fn = grouped_mm_path if name == "grouped_mm" else naive_loop
 
+    def inputs(self) -> list:
+        """The tensors this method reads: mok's as passed (gate and up as one tensor for mok_gu), the baselines'
+        autograd leaves (clones of the inputs), and dy."""
+        src = self.inp if self.name.startswith("mok") else self.leaves
+        return [src[a] for a in ARGS if src[a] is not None] + [self.inp["dy"]]
+
+    def input_bytes(self) -> int:
+        """Bytes of `inputs()`, each storage once (mok_gu's gate and up share one)."""
+        return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.inputs()}.values())
+
+    def clear_grads(self) -> None:
+        for v in getattr(self, "leaves", {}).values():
+            if isinstance(v, torch.Tensor):
+                v.grad = None
+
     def fwd(self):
         if self.name.startswith("mok"):
             return mok.fast.forward(*(self.inp[a] for a in ARGS))[0]
@@ -129,6 +144,13 @@ class Method:
         y = self.fn(*(self.leaves[a] for a in ARGS))
         y.backward(self.inp["dy"])
         return y, self.leaves["x"].grad
+
+
+def peak_gib(max_allocated: int, resident: int, input_bytes: int) -> float:
+    """A method's peak memory in GiB: its own inputs plus what its calls allocated above everything resident
+    before them. So each method is charged one copy of the inputs: not the reference outputs, nor the inputs the
+    loop keeps for the other methods (the baselines run on clones, mok_gu on a stacked copy of gate and up)."""
+    return (max_allocated - resident + input_bytes) / 2**30
 
 
 def oracle(inp: dict):
@@ -220,11 +242,13 @@ def main() -> None:
                     print(f"CHECK FAILED {c['name']} {routing} {m}: y err {ey:.2e}, d_x err {edx:.2e}")
                     continue
                 reps = a.reps
+                meth.clear_grads()
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
+                resident = torch.cuda.memory_allocated()  # this method's inputs, and what the others share
                 t_f = timed(meth.fwd, a.warmup, reps, a.timing)
                 t_fb = timed(meth.fwd_bwd, a.warmup, reps, a.timing)
-                mem = torch.cuda.max_memory_allocated() / 2**30
+                mem = peak_gib(torch.cuda.max_memory_allocated(), resident, meth.input_bytes())
                 rows.append(dict(config=c["name"], routing=routing, method=m, fwd_ms=t_f, fb_ms=t_fb,
                                  fwd_tflops=fwd_flops / t_f / 1e9, fb_tflops=3 * fwd_flops / t_fb / 1e9,
                                  peak_gib=mem, err_y=ey, err_dx=edx))

@@ -292,3 +292,31 @@ def test_main_check_run26_configs_are_suite_shapes(tmp_path):
     names = r.stdout.split()[0].split(",")
     suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
     assert len(names) == 4 and set(names) <= suite, (names, sorted(suite))
+
+
+@pytest.mark.parametrize("S", [0, 8])  # without / with a shared expert (its gate and up stacked too for mok_gu)
+def test_bench_moe_charges_each_method_one_copy_of_the_inputs(S):
+    """bench_moe's peak GiB: each method counts the bytes of the inputs it reads once. The loop also keeps the
+    inputs the baselines clone and mok_gu stacks; counting those (as before run 26) inflated the grouped_mm path's
+    peak by all its inputs and mok_gu's by its gate/up weights."""
+    import sys
+
+    import torch
+    sys.path.insert(0, str(BENCH))
+    from bench_moe import ARGS, Method, peak_gib
+
+    T, H, I, E, K = 6, 16, 8, 4, 2
+    bf = {"dtype": torch.bfloat16}
+    inp = {"x": torch.randn(T, H, **bf), "topk_idx": torch.randint(0, E, (T, K)), "topk_weight": torch.rand(T, K),
+           "shared_gate": torch.randn(S, H, **bf) if S else None, "shared_up": torch.randn(S, H, **bf) if S else None,
+           "shared_down": torch.randn(H, S, **bf) if S else None, "routed_gate": torch.randn(E, I, H, **bf),
+           "routed_up": torch.randn(E, I, H, **bf), "routed_down": torch.randn(E, H, I, **bf), "dy": torch.randn(T, H, **bf)}
+    one_copy = sum(v.numel() * v.element_size() for k, v in inp.items() if v is not None and (k in ARGS or k == "dy"))
+    for name in ("mok", "mok_gu", "grouped_mm"):
+        meth = Method(name, inp)
+        assert meth.input_bytes() == one_copy, name
+        theirs = {t.untyped_storage().data_ptr() for t in meth.inputs()}
+        shared = theirs & {v.untyped_storage().data_ptr() for k, v in inp.items() if v is not None}
+        want = {"mok": len(theirs), "mok_gu": len(theirs) - (2 if S else 1)}.get(name, 2)  # own copies apart
+        assert len(shared) == want, (name, len(shared))  # grouped_mm reads only topk_idx and dy of inp itself
+    assert peak_gib(3 * 2**30, 2**30, 2**29) == 2.5
