@@ -320,3 +320,30 @@ def test_bench_moe_charges_each_method_one_copy_of_the_inputs(S):
         want = {"mok": len(theirs), "mok_gu": len(theirs) - (2 if S else 1)}.get(name, 2)  # own copies apart
         assert len(shared) == want, (name, len(shared))  # grouped_mm reads only topk_idx and dy of inp itself
     assert peak_gib(3 * 2**30, 2**30, 2**29) == 2.5
+
+
+def test_saved_swiglu_dtype_scan_rounds_only_its_modes_inputs():
+    """benchmarks/saved_swiglu_dtype_scan.py: mode none is the fp32 [p | q] form, each other mode rounds its inputs
+    (so its scan measures that rounding), and an unknown mode is refused."""
+    import subprocess
+    import sys
+
+    import torch
+    sys.path.insert(0, str(BENCH))
+    from saved_swiglu_dtype_scan import MODES, swiglu_bwd_rows
+
+    g = torch.Generator().manual_seed(3)
+    I, rows = 16, 32
+    gu, da = torch.randn(rows, 2 * I, generator=g) * 3, torch.randn(rows, I, generator=g)
+    out = {}
+    for mode in MODES:
+        out[mode] = torch.empty(rows, 2 * I, dtype=torch.bfloat16)
+        swiglu_bwd_rows(mode)(da, gu, out[mode], I)
+    sig = torch.sigmoid(gu[:, :I])
+    p = gu[:, I:] * (sig * (1 + gu[:, :I] * (1 - sig)))
+    assert torch.equal(out["none"][:, :I], (da * p).bfloat16())
+    assert torch.equal(out["none"][:, I:], (da * (gu[:, :I] * sig)).bfloat16())
+    for mode in MODES[:-1]:
+        assert not torch.equal(out[mode], out["none"]), mode
+    r = subprocess.run([sys.executable, str(BENCH / "saved_swiglu_dtype_scan.py"), "bf16"], capture_output=True, text=True)
+    assert r.returncode == 2 and "MODE one of" in r.stderr

@@ -1,0 +1,57 @@
+"""The 2x rule with the SwiGLU backward's saved inputs narrowed to bf16, on the CPU (benchmarks/RESULTS.md run 26):
+`emulated_error_scan.py` (the fast path's orchestration, kernels emulated by tests/fast_emulator.py) with the
+backward's elementwise SwiGLU step replaced by one that rounds some of its fp32 inputs to bf16 first.
+
+Modes: g, u, gu (the saved pre-activations); p, q, pq (p = u*silu'(g) and q = silu(g) computed in fp32 from them,
+then the backward dg = bf16(da*p), du = bf16(da*q)); none (that form with nothing rounded).
+
+Usage: python benchmarks/saved_swiglu_dtype_scan.py MODE [--shapes 40] [--seed 0]
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+MODES = ("g", "u", "gu", "p", "q", "pq", "none")
+
+
+def swiglu_bwd_rows(mode: str):
+    """The emulator's `_swiglu_bwd_rows(da, gu, dgu, I)` with `mode`'s inputs rounded to bf16."""
+    import torch
+
+    def bf(t, on):
+        return t.bfloat16().float() if on else t
+
+    def rows(da, gu, dgu, I):
+        g, u = bf(gu[:, :I], "g" in mode), bf(gu[:, I:2 * I], "u" in mode)
+        sig = torch.sigmoid(g)
+        if mode in ("g", "u", "gu"):  # the emulator's own formula, on the rounded g and u
+            dgu[:, :I] = (da * u * (sig * (1 + g * (1 - sig)))).to(torch.bfloat16)
+            dgu[:, I:2 * I] = (da * (g * sig)).to(torch.bfloat16)
+            return
+        p = bf(u * (sig * (1 + g * (1 - sig))), "p" in mode)
+        q = bf(g * sig, "q" in mode)
+        dgu[:, :I] = (da * p).to(torch.bfloat16)
+        dgu[:, I:2 * I] = (da * q).to(torch.bfloat16)
+    return rows
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in MODES:
+        print(f"usage: {sys.argv[0]} MODE [--shapes N] [--seed S]; MODE one of {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    import emulated_error_scan
+    import fast_emulator
+
+    fast_emulator._swiglu_bwd_rows = swiglu_bwd_rows(sys.argv[1])
+    sys.argv = [sys.argv[0], *sys.argv[2:]]
+    return emulated_error_scan.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
