@@ -310,7 +310,8 @@ def test_bench_moe_charges_each_method_one_copy_of_the_inputs(S):
     inp = {"x": torch.randn(T, H, **bf), "topk_idx": torch.randint(0, E, (T, K)), "topk_weight": torch.rand(T, K),
            "shared_gate": torch.randn(S, H, **bf) if S else None, "shared_up": torch.randn(S, H, **bf) if S else None,
            "shared_down": torch.randn(H, S, **bf) if S else None, "routed_gate": torch.randn(E, I, H, **bf),
-           "routed_up": torch.randn(E, I, H, **bf), "routed_down": torch.randn(E, H, I, **bf), "dy": torch.randn(T, H, **bf)}
+           "routed_up": torch.randn(E, I, H, **bf), "routed_down": torch.randn(E, H, I, **bf),
+           "dy": torch.randn(T, H, **bf)}
     one_copy = sum(v.numel() * v.element_size() for k, v in inp.items() if v is not None and (k in ARGS or k == "dy"))
     for name in ("mok", "mok_gu", "grouped_mm"):
         meth = Method(name, inp)
@@ -345,5 +346,6 @@ def test_saved_swiglu_dtype_scan_rounds_only_its_modes_inputs():
     assert torch.equal(out["none"][:, I:], (da * (gu[:, :I] * sig)).bfloat16())
     for mode in MODES[:-1]:
         assert not torch.equal(out[mode], out["none"]), mode
-    r = subprocess.run([sys.executable, str(BENCH / "saved_swiglu_dtype_scan.py"), "bf16"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(BENCH / "saved_swiglu_dtype_scan.py"), "bf16"], capture_output=True,
+                       text=True)
     assert r.returncode == 2 and "MODE one of" in r.stderr

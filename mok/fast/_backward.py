@@ -4,10 +4,11 @@ pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GE
 -> SwiGLU backward (dg | du, bf16) (or both in one launch, the SwiGLU backward in the GEMM's epilogue, for large
 experts: the same bits, no fp32 da buffer, less energy a step; _tiles.fuse_swiglu_bwd) -> d_x rows grouped GEMM
 against [gate; up] (+ shared; read as is when gate and up are halves of one tensor, else concatenated on a side
-stream meanwhile, and that copy freed once the GEMM is queued) -> d_x combine (fp32, shared first then k ascending; on the side stream, overlapping) ->
-weight-gradient grouped GEMMs, gate/up then down with [dg | du] freed in between (fp32 accumulators reduced over
-the expert's rows in canonical order, one CTA per output tile; gate/up gradients as halves of one buffer where the
-weights are) -> zero empty experts -> NaN poison of every output if the routing flag is set.
+stream meanwhile, and that copy freed once the GEMM is queued) -> d_x combine (fp32, shared first then k
+ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs, gate/up then down with [dg | du]
+freed in between (fp32 accumulators reduced over the expert's rows in canonical order, one CTA per output tile;
+gate/up gradients as halves of one buffer where the weights are) -> zero empty experts -> NaN poison of every
+output if the routing flag is set.
 """
 from __future__ import annotations
 
