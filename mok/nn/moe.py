@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..reference import SCORES, check_ep_split, preflight, world
+from ..reference import SCORES, check_ep_split, check_route_args, preflight, world
 from . import _init
 from . import backend as _backend
 from . import ops
@@ -244,10 +244,7 @@ class MoE(nn.Module):
             return
         err, facts = None, [0, 0]
         try:
-            if self.score not in SCORES:
-                raise ValueError(f"score: expected one of {SCORES}, got {self.score!r}")
-            if not isinstance(self.normalize, bool):
-                raise TypeError(f"normalize: expected a bool, got {self.normalize!r}")
+            check_route_args(self.num_experts, self.top_k, self.score, self.normalize)  # the router's own checks
             facts = [SCORES.index(self.score), int(self.normalize)]
         except (TypeError, ValueError) as e:  # raised on every rank by the pre-flight
             err = e
