@@ -69,7 +69,7 @@ def measure(name: str, c: dict, variants: list[int], a) -> tuple[float, float, f
     dgu = torch.empty(R, 2 * I, dtype=torch.bfloat16, device="cuda")
     gemm_ms = timed_ms(lambda: _backward._d_act_gemm(ctx, dy, go_RH, rd, sd, da, da_s, fused=False),
                        a.rounds, a.reps)
-    kern_ms = timed_ms(lambda: _lib.swiglu_bwd(da, ctx.gu_R2I, ctx.sched.offsets, d.E, 0, I, R, dgu),
+    kern_ms = timed_ms(lambda: _lib.swiglu_bwd(da, ctx.pq_R2I, ctx.sched.offsets, d.E, 0, I, R, dgu),
                        a.rounds, a.reps)
     pair_ms = timed_ms(lambda: _backward.d_act_swiglu_unfused(ctx, dy, go_RH, rd, sd), a.rounds, a.reps)
     want, want_s = _backward.d_act_swiglu_unfused(ctx, dy, go_RH, rd, sd)

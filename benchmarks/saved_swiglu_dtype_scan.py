@@ -1,9 +1,11 @@
 """The 2x rule with the SwiGLU backward's saved inputs narrowed to bf16, on the CPU (benchmarks/RESULTS.md run 26):
 `emulated_error_scan.py` (the fast path's orchestration, kernels emulated by tests/fast_emulator.py) with the
-backward's elementwise SwiGLU step replaced by one that rounds some of its fp32 inputs to bf16 first.
+backward's elementwise SwiGLU step replaced by one that rounds some of its fp32 inputs to bf16 first (the forward
+then keeps [g | u] as it computed them, and each mode derives what it needs from them).
 
 Modes: g, u, gu (the saved pre-activations); p, q, pq (p = u*silu'(g) and q = silu(g) computed in fp32 from them,
-then the backward dg = bf16(da*p), du = bf16(da*q)); none (that form with nothing rounded).
+then the backward dg = bf16(da*p), du = bf16(da*q)); none (that form with nothing rounded: what the fast path
+does since run 27, keeping [p | q] in fp32).
 
 Usage: python benchmarks/saved_swiglu_dtype_scan.py MODE [--shapes 40] [--seed 0]
 """
@@ -41,6 +43,14 @@ def swiglu_bwd_rows(mode: str):
     return rows
 
 
+def swiglu_fwd_rows_keeping_gu(gu, a, I):
+    """The emulator's `_swiglu_fwd_rows(gu, a, I)` without the in-place [g | u] -> [p | q]: a = bf16(silu(g) * u)."""
+    import torch
+
+    g, u = gu[:, :I], gu[:, I:2 * I]
+    a.copy_((g * torch.sigmoid(g) * u).to(torch.bfloat16))
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in MODES:
         print(f"usage: {sys.argv[0]} MODE [--shapes N] [--seed S]; MODE one of {', '.join(MODES)}", file=sys.stderr)
@@ -48,6 +58,7 @@ def main() -> int:
     import emulated_error_scan
     import fast_emulator
 
+    fast_emulator._swiglu_fwd_rows = swiglu_fwd_rows_keeping_gu
     fast_emulator._swiglu_bwd_rows = swiglu_bwd_rows(sys.argv[1])
     sys.argv = [sys.argv[0], *sys.argv[2:]]
     return emulated_error_scan.main()

@@ -88,13 +88,12 @@ def grouped_gemm(kind, segments, device, variant=0):
                 else:  # NN: B [k, n]
                     b_nk = _operand(s.b, e, off, s.k, s.n).t()
                 out = reference.matmul_exact(a.contiguous(), b_nk.contiguous())
-                if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the epilogue: [dg | du] of da = out, reading [g | u]
-                    gu = _operand(s.aux, e, off, rows, 2 * s.n)
-                    _swiglu_bwd_rows(out, gu, _operand(s.d, e, off, rows, 2 * s.n), s.n)
+                if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the epilogue: [dg | du] of da = out, reading [p | q]
+                    pq = _operand(s.aux, e, off, rows, 2 * s.n)
+                    _swiglu_bwd_rows(out, pq, _operand(s.d, e, off, rows, 2 * s.n), s.n)
                     continue
-                if kind == _lib.GEMM_TN_SWIGLU_FWD:  # the epilogue: a = bf16(silu(g) * u) of out = [g | u]
-                    g, u = out[:, :s.n // 2], out[:, s.n // 2:]
-                    _operand(s.aux, e, off, rows, s.n // 2).copy_((g * torch.sigmoid(g) * u).to(torch.bfloat16))
+                if kind == _lib.GEMM_TN_SWIGLU_FWD:  # the epilogue: a of out = [g | u], which becomes [p | q]
+                    _swiglu_fwd_rows(out, _operand(s.aux, e, off, rows, s.n // 2), s.n // 2)
                 d = _operand(s.d, e, off, rows, s.n)
             else:  # TT: D [m, n] = A [rows, m]^T . B [rows, n], reduced over rows in order
                 a = _operand(s.a, e, off, rows, s.m)
@@ -108,22 +107,31 @@ def _rows(offsets, L, fixed_rows):
     return int(offsets[L]) if offsets is not None else fixed_rows
 
 
+def _swiglu_fwd_rows(gu, a, I):
+    """a = bf16(silu(g) * u) of gu = [g | u] (fp32 [n, 2I]), and gu becomes [p | q] = [u * silu'(g) | silu(g)] in
+    place (csrc/swiglu_math.cuh's swiglu_fwd_one, with torch's sigmoid)."""
+    g, u = gu[:, :I].clone(), gu[:, I:2 * I].clone()
+    sig = torch.sigmoid(g)
+    q = g * sig
+    a.copy_((q * u).to(torch.bfloat16))
+    gu[:, :I] = u * (sig * (1 + g * (1 - sig)))
+    gu[:, I:2 * I] = q
+
+
 def swiglu_fwd(gu, offsets, L, fixed_rows, I, capacity, a):
     n = _rows(offsets, L, fixed_rows)
-    g, u = gu[:n, :I], gu[:n, I:]
-    a[:n] = (g * torch.sigmoid(g) * u).to(torch.bfloat16)
+    _swiglu_fwd_rows(gu[:n], a[:n], I)
 
 
-def _swiglu_bwd_rows(da, gu, dgu, I):
-    g, u = gu[:, :I], gu[:, I:2 * I]
-    sig = torch.sigmoid(g)
-    dgu[:, :I] = (da * u * (sig * (1 + g * (1 - sig)))).to(torch.bfloat16)
-    dgu[:, I:2 * I] = (da * (g * sig)).to(torch.bfloat16)
+def _swiglu_bwd_rows(da, pq, dgu, I):
+    """[dg | du] = [bf16(da * p) | bf16(da * q)] of the forward's pq = [p | q] (fp32 [n, 2I])."""
+    dgu[:, :I] = (da * pq[:, :I]).to(torch.bfloat16)
+    dgu[:, I:2 * I] = (da * pq[:, I:2 * I]).to(torch.bfloat16)
 
 
-def swiglu_bwd(da, gu, offsets, L, fixed_rows, I, capacity, dgu):
+def swiglu_bwd(da, pq, offsets, L, fixed_rows, I, capacity, dgu):
     n = _rows(offsets, L, fixed_rows)
-    _swiglu_bwd_rows(da[:n], gu[:n], dgu[:n], I)
+    _swiglu_bwd_rows(da[:n], pq[:n], dgu[:n], I)
 
 
 def _combine(first, rows_RH, pair_row, flag, K, w=None):

@@ -331,7 +331,7 @@ def test_saved_swiglu_dtype_scan_rounds_only_its_modes_inputs():
 
     import torch
     sys.path.insert(0, str(BENCH))
-    from saved_swiglu_dtype_scan import MODES, swiglu_bwd_rows
+    from saved_swiglu_dtype_scan import MODES, swiglu_bwd_rows, swiglu_fwd_rows_keeping_gu
 
     g = torch.Generator().manual_seed(3)
     I, rows = 16, 32
@@ -346,6 +346,10 @@ def test_saved_swiglu_dtype_scan_rounds_only_its_modes_inputs():
     assert torch.equal(out["none"][:, I:], (da * (gu[:, :I] * sig)).bfloat16())
     for mode in MODES[:-1]:
         assert not torch.equal(out[mode], out["none"]), mode
+    # its forward keeps [g | u] for the modes to round (the emulator's own turns it into [p | q])
+    kept, a = gu.clone(), torch.empty(rows, I, dtype=torch.bfloat16)
+    swiglu_fwd_rows_keeping_gu(kept, a, I)
+    assert torch.equal(kept, gu) and torch.equal(a, (gu[:, :I] * sig * gu[:, I:]).bfloat16())
     r = subprocess.run([sys.executable, str(BENCH / "saved_swiglu_dtype_scan.py"), "bf16"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "MODE one of" in r.stderr

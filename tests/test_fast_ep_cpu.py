@@ -164,7 +164,7 @@ def test_fast_load_context_runs_the_preflight_before_the_peer_buffer(what, parts
     # the schedule's offsets for 3 experts where the layer has 2
     (0, lambda t: torch.zeros(7, dtype=torch.int32), ValueError, r"tensor 0 \(offsets\) .* to be torch.int32 \[5\]"),
     # g|u in bf16 instead of fp32: a dtype, so a TypeError
-    (4, lambda t: t.bfloat16(), TypeError, r"tensor 4 \(gu_R2I\) .* to be torch.float32"),
+    (4, lambda t: t.bfloat16(), TypeError, r"tensor 4 \(pq_R2I\) .* to be torch.float32"),
     # a plain list where a tensor belongs
     (6, lambda t: t.tolist(), TypeError, r"^saved: expected tensor 6 \(o_RH\) to be a torch.Tensor"),
     # nothing changed: the layout of a forward with these sizes is accepted (W = 1: a FastContext comes back)

@@ -64,9 +64,10 @@ def gate_up_weights(rg, ru, sg, su, side: torch.cuda.Stream | None = None):
 
 
 def d_act_swiglu(ctx: FastContext, dy, go_RH, rd, sd):
-    """(dgu [R, 2I] bf16, dgu_s [T, 2S] bf16 or None) = [bf16(da*u*silu'(g)) | bf16(da*silu(g))], da = go · W_down[e]
-    (dy · shared_down for the shared expert) in fp32, [g | u] the saved fp32 pre-activations: `d_act_swiglu_fused`
-    when `_tiles.fuse_swiglu_bwd(I, S)`, else `d_act_swiglu_unfused` (the same bits: tests/gpu/test_fast_fused.py).
+    """(dgu [R, 2I] bf16, dgu_s [T, 2S] bf16 or None) = [bf16(da * p) | bf16(da * q)], da = go · W_down[e]
+    (dy · shared_down for the shared expert) in fp32, [p | q] = [u * silu'(g) | silu(g)] fp32 the forward kept
+    (csrc/swiglu_math.cuh): `d_act_swiglu_fused` when `_tiles.fuse_swiglu_bwd(I, S)`, else `d_act_swiglu_unfused`
+    (the same bits: tests/gpu/test_fast_fused.py).
     go_RH None: the shared part only (dgu None); dy None: the routed part only (dgu_s None)."""
     fn = d_act_swiglu_fused if _tiles.fuse_swiglu_bwd(ctx.dims.I, ctx.dims.S) else d_act_swiglu_unfused
     return fn(ctx, dy, go_RH, rd, sd)
@@ -84,7 +85,7 @@ def d_act_swiglu_fused(ctx: FastContext, dy, go_RH, rd, sd):
 
 def d_act_swiglu_unfused(ctx: FastContext, dy, go_RH, rd, sd):
     """`d_act_swiglu` in two steps (small experts): the d_a GEMMs write fp32 da [R, I] and da_s [T, S]
-    (GEMM_NN_F32), then the swiglu_bwd kernel reads them back with [g | u]."""
+    (GEMM_NN_F32), then the swiglu_bwd kernel reads them back with [p | q]."""
     d, dev = ctx.dims, (go_RH if go_RH is not None else dy).device
     I, S, T = d.I, d.S, d.T
     da = None if go_RH is None else _empty(dev, torch.float32, go_RH.shape[0], I)
@@ -94,17 +95,17 @@ def d_act_swiglu_unfused(ctx: FastContext, dy, go_RH, rd, sd):
     if da is not None:
         R = da.shape[0]
         dgu = _empty(dev, torch.bfloat16, R, 2 * I)
-        _lib.swiglu_bwd(da, ctx.gu_R2I, ctx.sched.offsets, d.E, 0, I, R, dgu)
+        _lib.swiglu_bwd(da, ctx.pq_R2I, ctx.sched.offsets, d.E, 0, I, R, dgu)
     if da_s is not None:
         dgu_s = _empty(dev, torch.bfloat16, T, 2 * S)
-        _lib.swiglu_bwd(da_s, ctx.gu_s_T2S, None, 0, T, S, T, dgu_s)
+        _lib.swiglu_bwd(da_s, ctx.pq_s_T2S, None, 0, T, S, T, dgu_s)
     return dgu, dgu_s
 
 
 def _d_act_gemm(ctx: FastContext, dy, go_RH, rd, sd, out, out_s, fused: bool) -> None:
     """One launch of the d_a GEMMs: go_RH · W_down[e] into `out` [R, width] and dy · shared_down into `out_s`
     [T, width] (either None: skipped). Not fused: fp32 da (GEMM_NN_F32); fused: bf16 [dg | du], each part
-    reading its saved [g | u] (GEMM_NN_SWIGLU_BWD)."""
+    reading its saved [p | q] (GEMM_NN_SWIGLU_BWD)."""
     d = ctx.dims
     H, I, S, T = d.H, d.I, d.S, d.T
     segs = []
@@ -112,11 +113,11 @@ def _d_act_gemm(ctx: FastContext, dy, go_RH, rd, sd, out, out_s, fused: bool) ->
         w = out.shape[1]
         segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, I, H, Operand(go_RH, 0, H, H),
                                         Operand(rd, H * I, 0, I), Operand(out, 0, w, w),
-                                        aux=Operand(ctx.gu_R2I, 0, 2 * I, 2 * I) if fused else None))
+                                        aux=Operand(ctx.pq_R2I, 0, 2 * I, 2 * I) if fused else None))
     if out_s is not None:
         w = out_s.shape[1]
         segs.append(Segment.all_rows(T, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(out_s, 0, 0, w),
-                                     aux=Operand(ctx.gu_s_T2S, 0, 0, 2 * S) if fused else None))
+                                     aux=Operand(ctx.pq_s_T2S, 0, 0, 2 * S) if fused else None))
     kind = _lib.GEMM_NN_SWIGLU_BWD if fused else _lib.GEMM_NN_F32
     _tiles.grouped_gemm(kind, segs, (out if out is not None else out_s).device, H, I)
 

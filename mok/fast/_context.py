@@ -1,10 +1,10 @@
-"""The fast path's forward context as a flat list of tensors, so autograd can save it
-(`ctx.save_for_backward`) and backward can rebuild it without running the forward again.
+"""The fast path's forward context as a flat list of tensors, so autograd can save it (`ctx.save_for_backward`) and
+backward can rebuild it without running the forward again.
 
-Layout: offsets int32 [2L+1], pair_row int32 [T*K] (W = 1) or row_pair int32 [R] (expert parallel),
-flag int32 [1], x_RH bf16 [R, H], gu_R2I fp32 [R, 2I], a_RI bf16 [R, I], o_RH bf16 [T*K, H] (W = 1: the
-rows; expert parallel: this rank's (t, k) slots), gu_s_T2S fp32 [T, 2S] and a_s_TS bf16 [T, S] ([0, 0]
-without a shared expert); R = W*T*K.
+Layout: offsets int32 [2L+1], pair_row int32 [T*K] (W = 1) or row_pair int32 [R] (expert parallel), flag int32 [1],
+x_RH bf16 [R, H], pq_R2I fp32 [R, 2I] ([u * silu'(g) | silu(g)]), a_RI bf16 [R, I], o_RH bf16 [T*K, H] (W = 1: the
+rows; expert parallel: this rank's (t, k) slots), pq_s_T2S fp32 [T, 2S] and a_s_TS bf16 [T, S] ([0, 0] without a
+shared expert); R = W*T*K.
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ def save_context(ctx: FastContext) -> list[torch.Tensor]:
     """The tensors of `ctx` (from `mok.fast.forward`) that `load_context` needs, in the layout above."""
     dev = ctx.x_TH.device
     s = ctx.sched
-    gu_s = ctx.gu_s_T2S if ctx.gu_s_T2S is not None else torch.empty(0, 0, dtype=torch.float32, device=dev)
+    pq_s = ctx.pq_s_T2S if ctx.pq_s_T2S is not None else torch.empty(0, 0, dtype=torch.float32, device=dev)
     a_s = ctx.a_s_TS if ctx.a_s_TS is not None else torch.empty(0, 0, dtype=torch.bfloat16, device=dev)
     rows = s.row_pair if isinstance(ctx, EPContext) else s.pair_row
-    return [s.offsets, rows, s.flag, ctx.x_RH, ctx.gu_R2I, ctx.a_RI, ctx.o_RH, gu_s, a_s]
+    return [s.offsets, rows, s.flag, ctx.x_RH, ctx.pq_R2I, ctx.a_RI, ctx.o_RH, pq_s, a_s]
 
 
 def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: tuple, group=None) -> FastContext:
@@ -48,15 +48,15 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
         err = e
     if W > 1:
         preflight("load_context", err, forward_facts(dims, x, "fast"), group)
-    offsets, rows, flag, x_RH, gu, a_RI, o_RH, gu_s, a_s = saved
+    offsets, rows, flag, x_RH, pq, a_RI, o_RH, pq_s, a_s = saved
     has_shared = shared[0] is not None
-    gu_s, a_s = (gu_s, a_s) if has_shared else (None, None)
+    pq_s, a_s = (pq_s, a_s) if has_shared else (None, None)
     if W == 1:
-        return FastContext(dims, x, topk_weight, Schedule(offsets, None, rows, flag), x_RH, gu, a_RI, o_RH,
-                           (*routed, *shared), gu_s, a_s)
+        return FastContext(dims, x, topk_weight, Schedule(offsets, None, rows, flag), x_RH, pq, a_RI, o_RH,
+                           (*routed, *shared), pq_s, a_s)
     buf = _ep_buffer.get(group, x.device, dims.T, dims.H, dims.K, dims.S)
-    return EPContext(dims, x, topk_weight, Schedule(offsets, rows, None, flag), x_RH, gu, a_RI, o_RH,
-                     (*routed, *shared), gu_s, a_s, buf=buf, group=group)
+    return EPContext(dims, x, topk_weight, Schedule(offsets, rows, None, flag), x_RH, pq, a_RI, o_RH,
+                     (*routed, *shared), pq_s, a_s, buf=buf, group=group)
 
 
 def _check_saved_args(saved, x, topk_idx, topk_weight, shared, routed, W: int) -> Dims:
@@ -67,8 +67,8 @@ def _check_saved_args(saved, x, topk_idx, topk_weight, shared, routed, W: int) -
     R, TK, Ts = W * d.T * d.K, d.T * d.K, (d.T if shared[0] is not None else 0)
     i32, f32, b16 = torch.int32, torch.float32, torch.bfloat16
     layout = (("offsets", i32, (2 * d.L + 1,)), ("pair_row" if W == 1 else "row_pair", i32, (R,)),
-              ("flag", i32, (1,)), ("x_RH", b16, (R, d.H)), ("gu_R2I", f32, (R, 2 * d.I)), ("a_RI", b16, (R, d.I)),
-              ("o_RH", b16, (TK, d.H)), ("gu_s_T2S", f32, (Ts, 2 * d.S)), ("a_s_TS", b16, (Ts, d.S)))
+              ("flag", i32, (1,)), ("x_RH", b16, (R, d.H)), ("pq_R2I", f32, (R, 2 * d.I)), ("a_RI", b16, (R, d.I)),
+              ("o_RH", b16, (TK, d.H)), ("pq_s_T2S", f32, (Ts, 2 * d.S)), ("a_s_TS", b16, (Ts, d.S)))
     for i, ((name, dtype, shape), t) in enumerate(zip(layout, saved, strict=True)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"saved: expected tensor {i} ({name}) to be a torch.Tensor, got {type(t).__name__}")

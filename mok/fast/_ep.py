@@ -35,7 +35,7 @@ FWD_PUBLISHED, FWD_PUSHED, BWD_PUBLISHED, BWD_PUSHED, BWD_SHARED = range(_ep_buf
 @dataclass
 class EPContext(FastContext):
     """FastContext of one rank's expert-parallel forward. sched: the local experts' rows over all
-    W*T tokens (offsets [2L+1], row_pair [W*T*K]); x_RH, gu_R2I, a_RI: those rows; o_RH: this rank's
+    W*T tokens (offsets [2L+1], row_pair [W*T*K]); x_RH, pq_R2I, a_RI: those rows; o_RH: this rank's
     tokens' expert outputs in (t, k) order [T*K, H] (pushed by their owners)."""
     buf: _ep_buffer.EPBuffer | None = None
     group: object = None  # the process group
@@ -71,8 +71,8 @@ def run_forward_ep(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down
     _lib.schedule(idx_all, dims.E, buf.rank * L, L, R, sched.offsets, sched.row_pair, sched.pair_row, sched.flag)
     x_RH = _empty(dev, torch.bfloat16, R, H)
     _lib_ep.ep_gather_rows(buf.tables["x"], T, K, sched.row_pair, sched.offsets, L, x_RH)
-    gu, gu_s = gate_up(x, x_RH, sched, loc, routed_gate, routed_up, shared_gate, shared_up)
-    a_RI, a_s = swiglu(gu, gu_s, sched, loc)
+    pq, pq_s = gate_up(x, x_RH, sched, loc, routed_gate, routed_up, shared_gate, shared_up)  # [g | u] here
+    a_RI, a_s = swiglu(pq, pq_s, sched, loc)  # ... and [p | q] from here on
     o_rows, s_TH = down(a_RI, a_s, sched, loc, routed_down, shared_down)
     _lib_ep.ep_scatter_rows(o_rows, sched.row_pair, sched.offsets, L, T * K, buf.tables["o_slots"])
     _sync_phase(buf, FWD_PUSHED, buf.epoch_fwd)
@@ -80,8 +80,8 @@ def run_forward_ep(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down
     o_TKH = buf.local["o_slots"].clone()  # the next forward reuses the slots; backward needs these
     y = _empty(dev, torch.bfloat16, T, H)
     _lib.combine_fwd(s_TH, o_TKH, topk_weight, buf.ident, sched.flag, y)
-    ctx = EPContext(dims, x, topk_weight, sched, x_RH, gu, a_RI, o_TKH,
-                    (routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down), gu_s, a_s, buf=buf,
+    ctx = EPContext(dims, x, topk_weight, sched, x_RH, pq, a_RI, o_TKH,
+                    (routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down), pq_s, a_s, buf=buf,
                     group=group)
     return y, ctx
 

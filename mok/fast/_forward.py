@@ -1,9 +1,10 @@
 """Forward pass of the fast path (one GPU, W = 1), as named stages.
 
-schedule -> gather x rows (expert order) -> gate/up grouped GEMM (+ shared, one launch, fp32 out)
--> SwiGLU (bf16 a) -> down grouped GEMM (+ shared, one launch, bf16 out) -> combine (fp32, shared
-first, then k ascending, one bf16 rounding; NaN when the routing flag is set). When gate and up are the halves
-of one tensor, the gate/up GEMM writes a too (GEMM_TN_SWIGLU_FWD, `gate_up_swiglu`; _tiles.py says when).
+schedule -> gather x rows (expert order) -> gate/up grouped GEMM (+ shared, one launch, fp32 [g | u] out)
+-> SwiGLU (bf16 a; [g | u] becomes the backward's [p | q] in place) -> down grouped GEMM (+ shared, one launch,
+bf16 out) -> combine (fp32, shared first, then k ascending, one bf16 rounding; NaN when the routing flag is set).
+When gate and up are the halves of one tensor, the gate/up GEMM writes a too (GEMM_TN_SWIGLU_FWD,
+`gate_up_swiglu`; _tiles.py says when).
 All on the current stream, no host synchronisation; buffers sized for the dropless worst case.
 """
 from __future__ import annotations
@@ -35,11 +36,11 @@ class FastContext:
     topk_weight_TK: torch.Tensor  # fp32 [T, K]
     sched: Schedule
     x_RH: torch.Tensor            # bf16 [R, H] gathered rows
-    gu_R2I: torch.Tensor          # fp32 [R, 2I] gate | up pre-activations
+    pq_R2I: torch.Tensor          # fp32 [R, 2I] [p | q] = [u * silu'(g) | silu(g)] of the gate | up pre-activations
     a_RI: torch.Tensor            # bf16 [R, I] SwiGLU output
     o_RH: torch.Tensor            # bf16 [R, H] expert outputs (unweighted)
     weights: tuple                # (routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down)
-    gu_s_T2S: torch.Tensor | None = None  # fp32 [T, 2S]
+    pq_s_T2S: torch.Tensor | None = None  # fp32 [T, 2S] the shared expert's [p | q]
     a_s_TS: torch.Tensor | None = None    # bf16 [T, S]
 
 
@@ -78,21 +79,21 @@ def gate_up(x_TH, x_RH, sched: Schedule, d: Dims, routed_gate, routed_up, shared
 
 
 def gate_up_swiglu(x_TH, x_RH, sched: Schedule, d: Dims, w_gu, w_gu_s, variant: int):
-    """(gu [R, 2I] fp32, gu_s [T, 2S] fp32 or None, a [R, I] bf16, a_s [T, S] bf16 or None): `gate_up` and
-    `swiglu` in one launch (GEMM_TN_SWIGLU_FWD, tile `variant`), the same bits. w_gu: bf16 [E, 2I, H] = [gate;
-    up] of each expert; w_gu_s: bf16 [2S, H] (or None when S = 0)."""
+    """(pq [R, 2I] fp32, pq_s [T, 2S] fp32 or None, a [R, I] bf16, a_s [T, S] bf16 or None): `gate_up` and
+    `swiglu` in one launch (GEMM_TN_SWIGLU_FWD, tile `variant`), the same bits ([p | q] where `gate_up` gives
+    [g | u]). w_gu: bf16 [E, 2I, H] = [gate; up] of each expert; w_gu_s: bf16 [2S, H] (or None when S = 0)."""
     dev, (T, H, I, S, E) = x_TH.device, (d.T, d.H, d.I, d.S, d.E)
     R = x_RH.shape[0]
-    gu, a = _empty(dev, torch.float32, R, 2 * I), _empty(dev, torch.bfloat16, R, I)
+    pq, a = _empty(dev, torch.float32, R, 2 * I), _empty(dev, torch.bfloat16, R, I)
     segs = [Segment.expert_rows(sched.offsets, E, 2 * I, H, Operand(x_RH, 0, H, H), Operand(w_gu, 2 * I * H, 0, H),
-                                Operand(gu, 0, 2 * I, 2 * I), aux=Operand(a, 0, I, I))]
-    gu_s = a_s = None
+                                Operand(pq, 0, 2 * I, 2 * I), aux=Operand(a, 0, I, I))]
+    pq_s = a_s = None
     if S:
-        gu_s, a_s = _empty(dev, torch.float32, T, 2 * S), _empty(dev, torch.bfloat16, T, S)
+        pq_s, a_s = _empty(dev, torch.float32, T, 2 * S), _empty(dev, torch.bfloat16, T, S)
         segs.append(Segment.all_rows(T, 2 * S, H, Operand(x_TH, 0, 0, H), Operand(w_gu_s, 0, 0, H),
-                                     Operand(gu_s, 0, 0, 2 * S), aux=Operand(a_s, 0, 0, S)))
+                                     Operand(pq_s, 0, 0, 2 * S), aux=Operand(a_s, 0, 0, S)))
     _lib.grouped_gemm(_lib.GEMM_TN_SWIGLU_FWD, segs, dev, variant)
-    return gu, gu_s, a, a_s
+    return pq, pq_s, a, a_s
 
 
 def fused_gate_up(d: Dims, routed_gate, routed_up, shared_gate, shared_up):
@@ -107,7 +108,8 @@ def fused_gate_up(d: Dims, routed_gate, routed_up, shared_gate, shared_up):
 
 
 def swiglu(gu, gu_s, sched: Schedule, d: Dims):
-    """(a [R, I] bf16, a_s [T, S] bf16 or None) = bf16(silu(g) * u)."""
+    """(a [R, I] bf16, a_s [T, S] bf16 or None) = bf16(silu(g) * u) of gu [R, 2I] and gu_s [T, 2S] fp32 = [g | u],
+    which become [p | q] = [u * silu'(g) | silu(g)] in place (what the backward reads: csrc/swiglu_math.cuh)."""
     dev, R = gu.device, gu.shape[0]
     a = _empty(dev, torch.bfloat16, R, d.I)
     _lib.swiglu_fwd(gu, sched.offsets, d.E, 0, d.I, R, a)
@@ -144,13 +146,13 @@ def run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, r
     fused = fused_gate_up(dims, routed_gate, routed_up, shared_gate, shared_up)
     if fused is not None:
         v, w_gu, w_gu_s = fused
-        gu, gu_s, a_RI, a_s = gate_up_swiglu(x, x_RH, sched, dims, w_gu, w_gu_s, v)
+        pq, pq_s, a_RI, a_s = gate_up_swiglu(x, x_RH, sched, dims, w_gu, w_gu_s, v)
     else:
-        gu, gu_s = gate_up(x, x_RH, sched, dims, routed_gate, routed_up, shared_gate, shared_up)
-        a_RI, a_s = swiglu(gu, gu_s, sched, dims)
+        pq, pq_s = gate_up(x, x_RH, sched, dims, routed_gate, routed_up, shared_gate, shared_up)  # [g | u] here
+        a_RI, a_s = swiglu(pq, pq_s, sched, dims)  # ... and [p | q] from here on
     o_RH, s_TH = down(a_RI, a_s, sched, dims, routed_down, shared_down)
     y = _empty(x.device, torch.bfloat16, dims.T, dims.H)
     _lib.combine_fwd(s_TH, o_RH, topk_weight, sched.pair_row, sched.flag, y)
-    ctx = FastContext(dims, x, topk_weight, sched, x_RH, gu, a_RI, o_RH,
-                      (routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down), gu_s, a_s)
+    ctx = FastContext(dims, x, topk_weight, sched, x_RH, pq, a_RI, o_RH,
+                      (routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down), pq_s, a_s)
     return y, ctx

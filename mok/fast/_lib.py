@@ -24,8 +24,9 @@ GEMM_KINDS = {"MOK_GEMM_TN_F32": GEMM_TN_F32, "MOK_GEMM_TN_BF16": GEMM_TN_BF16, 
               "MOK_GEMM_NN_BF16": GEMM_NN_BF16, "MOK_GEMM_TT_F32": GEMM_TT_F32, "MOK_GEMM_TT_BF16": GEMM_TT_BF16,
               "MOK_GEMM_NN_SWIGLU_BWD": GEMM_NN_SWIGLU_BWD, "MOK_GEMM_TN_SWIGLU_FWD": GEMM_TN_SWIGLU_FWD,
               "MOK_GEMM_TT_F32_SMALL": GEMM_TT_F32_SMALL}
-# Kinds whose segments carry operand aux, with the dtypes of (d, aux): the SwiGLU backward reads fp32 [g | u] and
-# writes bf16 [dg | du]; the SwiGLU forward writes fp32 [g | u] (d) and bf16 a (aux).
+# Kinds whose segments carry operand aux, with the dtypes of (d, aux): the SwiGLU backward reads fp32 [p | q] (the
+# forward's u * silu'(g) | silu(g)) and writes bf16 [dg | du]; the SwiGLU forward writes fp32 [p | q] (d) and bf16 a
+# (aux).
 FUSED_KINDS = {GEMM_NN_SWIGLU_BWD: (torch.bfloat16, torch.float32),
                GEMM_TN_SWIGLU_FWD: (torch.float32, torch.bfloat16)}
 MAX_SEGMENTS = 4
@@ -152,7 +153,7 @@ class Segment:
     """`num_groups` GEMMs sharing one formula. rows(e) come from `offsets` (int32 [>= num_groups + 1])
     or are `fixed_rows`, and are the M (rows_dim=0) or the K (rows_dim=2) of each GEMM; the other two
     sizes are the constants m, n, k. `aux`: the extra operand of a fused epilogue, with D's row structure
-    (GEMM_NN_SWIGLU_BWD's fp32 [g | u] input, GEMM_TN_SWIGLU_FWD's bf16 a output), None for the other kinds.
+    (GEMM_NN_SWIGLU_BWD's fp32 [p | q] input, GEMM_TN_SWIGLU_FWD's bf16 a output), None for the other kinds.
     Build one with the named constructors below."""
     num_groups: int
     rows_dim: int
@@ -171,7 +172,8 @@ class Segment:
                     aux: Operand | None = None):
         """Per-expert GEMM whose M is the expert's routed rows: D_e [rows(e), n] = A_e [rows(e), k] · B_e
         (or, for GEMM_NN_SWIGLU_BWD, D_e [rows(e), 2n] the SwiGLU backward of that product, reading aux_e; for
-        GEMM_TN_SWIGLU_FWD, D_e = [g | u] as for GEMM_TN_F32 and aux_e [rows(e), n / 2] = bf16(silu(g) * u))."""
+        GEMM_TN_SWIGLU_FWD, with [g | u] the product as for GEMM_TN_F32, D_e = [p | q] = [u * silu'(g) | silu(g)]
+        and aux_e [rows(e), n / 2] = bf16(silu(g) * u))."""
         return cls(groups, 0, 0, n, k, a, b, d, offsets=offsets, aux=aux)
 
     @classmethod
@@ -269,8 +271,9 @@ def gather_rows(x_TH, pair_row, capacity, x_RH) -> None:
 
 
 def swiglu_fwd(gu, offsets, L, fixed_rows, I, capacity, a) -> None:
-    """a [capacity, I] bf16 = bf16(silu(g) * u) of gu [capacity, 2I] fp32 (g | u), for the rows
-    placed (offsets[L]) or `fixed_rows` when offsets is None."""
+    """a [capacity, I] bf16 = bf16(silu(g) * u) of gu [capacity, 2I] fp32 (g | u), which becomes [p | q] =
+    [u * silu'(g) | silu(g)] in place (what `swiglu_bwd` reads), for the rows placed (offsets[L]) or `fixed_rows`
+    when offsets is None."""
     dev = gu.device
     _check_tensor("gu", gu, _F32, dev, shape=(capacity, 2 * I))
     if offsets is not None:
@@ -279,15 +282,16 @@ def swiglu_fwd(gu, offsets, L, fixed_rows, I, capacity, a) -> None:
     _call("mok_swiglu_fwd", dev, _p(gu), 2 * I, _p(offsets), L, fixed_rows, I, capacity, _p(a))
 
 
-def swiglu_bwd(da, gu, offsets, L, fixed_rows, I, capacity, dgu) -> None:
-    """dgu [capacity, 2I] bf16 = [dg | du] from da [capacity, I] fp32 and gu [capacity, 2I] fp32."""
-    dev = gu.device
+def swiglu_bwd(da, pq, offsets, L, fixed_rows, I, capacity, dgu) -> None:
+    """dgu [capacity, 2I] bf16 = [bf16(da * p) | bf16(da * q)] from da [capacity, I] fp32 and pq [capacity, 2I]
+    fp32 (`swiglu_fwd`'s [p | q])."""
+    dev = pq.device
     _check_tensor("da", da, _F32, dev, shape=(capacity, I))
-    _check_tensor("gu", gu, _F32, dev, shape=(capacity, 2 * I))
+    _check_tensor("pq", pq, _F32, dev, shape=(capacity, 2 * I))
     if offsets is not None:
         _check_tensor("offsets", offsets, _I32, dev, numel=L + 1)
     _check_tensor("dgu", dgu, _BF16, dev, shape=(capacity, 2 * I))
-    _call("mok_swiglu_bwd", dev, _p(da), _p(gu), 2 * I, _p(offsets), L, fixed_rows, I, capacity, _p(dgu))
+    _call("mok_swiglu_bwd", dev, _p(da), _p(pq), 2 * I, _p(offsets), L, fixed_rows, I, capacity, _p(dgu))
 
 
 def _check_pairs(dev, T, K, w_TK, pair_row, flag):

@@ -1,11 +1,11 @@
-"""The d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD: [g | u] loaded into registers in the
-cooperative tiles, csrc/epilogue_swiglu_bwd.cuh, and staged through shared memory in the ping-pong ones, which the
-rule runs, csrc/epilogue_swiglu_bwd_staged.cuh; the default for I > 1024, MOK_FAST_FUSE_SWIGLU_BWD=1 / =0
-forces it on / off) gives the bits of the unfused pair: the GEMM_NN_F32 d_a GEMM (fp32 d_a written out) followed
-by the swiglu_bwd kernel, for the routed rows and the shared expert, under every tile variant, on shapes with
-uneven and empty experts, token counts that are not multiples of 128 and I, S that are not multiples of a sub-tile's
-32 columns, and with pre-activations wide enough to saturate the sigmoid (and infinities); and the whole layer gives
-the same nine outputs with the switch on as off."""
+"""The d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD: the forward's [p | q] loaded into
+registers in the cooperative tiles, csrc/epilogue_swiglu_bwd.cuh, and staged through shared memory in the ping-pong
+ones, which the rule runs, csrc/epilogue_swiglu_bwd_staged.cuh; the default for I > 1024, MOK_FAST_FUSE_SWIGLU_BWD=1
+/ =0 forces it on / off) gives the bits of the unfused pair: the GEMM_NN_F32 d_a GEMM (fp32 d_a written out)
+followed by the swiglu_bwd kernel, for the routed rows and the shared expert, under every tile variant, on shapes
+with uneven and empty experts, token counts that are not multiples of 128 and I, S that are not multiples of a
+sub-tile's 32 columns, and with saved factors whose products overflow (and infinities and NaN); and the whole layer
+gives the same nine outputs with the switch on as off."""
 import pytest
 import torch
 
@@ -28,13 +28,14 @@ SHAPES = [
 def _context(cfg, seed, wide: bool):
     inputs = make_inputs(cfg, seed, device="cuda")
     _, ctx = fast.forward(*(inputs[a] for a in LAYER_ARGS))
-    if wide:  # sigmoid saturated both ways, and +-inf, in g and u
+    if wide:  # large values, +-inf and NaN in p and q (the backward's saved factors)
         gen = torch.Generator(device="cuda").manual_seed(seed)
-        for gu in (ctx.gu_R2I, ctx.gu_s_T2S):
-            if gu is not None:
-                gu.copy_(torch.randn(gu.shape, generator=gen, device="cuda") * 40)
-                gu.view(-1)[::97] = float("inf")
-                gu.view(-1)[::89] = -float("inf")
+        for pq in (ctx.pq_R2I, ctx.pq_s_T2S):
+            if pq is not None:
+                pq.copy_(torch.randn(pq.shape, generator=gen, device="cuda") * 1e30)
+                pq.view(-1)[::97] = float("inf")
+                pq.view(-1)[::89] = -float("inf")
+                pq.view(-1)[::83] = float("nan")
     d = ctx.dims
     go_RH = torch.empty(ctx.x_RH.shape, dtype=torch.bfloat16, device="cuda")
     d_w = torch.empty(d.T, d.K, dtype=torch.float32, device="cuda")
@@ -45,7 +46,7 @@ def _context(cfg, seed, wide: bool):
 @pytest.mark.parametrize("cfg", SHAPES, ids=["mid", "few_large", "many_small"])
 @pytest.mark.parametrize("wide", [
     False,  # the layer's own pre-activations
-    True,   # [g | u] overwritten: sigmoid saturated both ways, and +-inf
+    True,   # [p | q] overwritten: products overflowing to +-inf, +-inf and NaN
 ], ids=["layer_values", "wide_preacts"])
 def test_fused_epilogue_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg, wide):
     ctx, dy, go_RH = _context(cfg, 3, wide)
@@ -107,19 +108,19 @@ def test_the_switch_keeps_every_output_of_the_layer(monkeypatch, cfg):
 
 
 @pytest.mark.parametrize("what", [
-    "ld",      # a [g | u] row stride that is not whole 16-byte chunks
-    "offset",  # [g | u] starting one float into its buffer
+    "ld",      # a [p | q] row stride that is not whole 16-byte chunks
+    "offset",  # [p | q] starting one float into its buffer
     "n",       # N not a multiple of 8
 ])
-def test_the_library_refuses_g_u_rows_not_16_byte_aligned(what):
-    """The staged epilogue copies [g | u] in 16-byte chunks: the C side refuses rows it cannot copy that way (the
+def test_the_library_refuses_p_q_rows_not_16_byte_aligned(what):
+    """The staged epilogue copies [p | q] in 16-byte chunks: the C side refuses rows it cannot copy that way (the
     binding's segments never build one; this calls the library directly)."""
     a = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
     b = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
     n = 60 if what == "n" else 64
     d = torch.zeros(128, 2 * n, dtype=torch.bfloat16, device="cuda")
-    gu = torch.zeros(128, 2 * n + 4, dtype=torch.float32, device="cuda")
-    aux = Operand(gu, 0, 0, 2 * n + (2 if what == "ld" else 4), offset=1 if what == "offset" else 0)
+    pq = torch.zeros(128, 2 * n + 4, dtype=torch.float32, device="cuda")
+    aux = Operand(pq, 0, 0, 2 * n + (2 if what == "ld" else 4), offset=1 if what == "offset" else 0)
     seg = Segment.all_rows(128, n, 128, Operand(a, 0, 0, 128), Operand(b, 0, 0, n), Operand(d, 0, 0, 2 * n), aux=aux)
     with pytest.raises(RuntimeError, match="16-byte"):
         _launch_directly(seg, _tiles.PINGPONG)

@@ -1,11 +1,11 @@
-"""The gate/up GEMM with the SwiGLU in its epilogue (GEMM_TN_SWIGLU_FWD: csrc/mainloop_gate_up.cuh loads each
-tile's B rows as a gate half and an up half, csrc/epilogue_swiglu_fwd.cuh writes [g | u] and a) gives the bits of
-the unfused pair: the GEMM_TN_F32 gate/up GEMM followed by the swiglu_fwd kernel, for the routed rows and the
-shared expert, under every tile variant, on shapes with uneven and empty experts, token counts that are not
-multiples of 128 and intermediate sizes that a tile's halves do not split (the last tile partly past I), with
-pre-activations that saturate the sigmoid and overflow to infinity; a last tile partly past I stores nothing past
-column I; the whole layer gives the same nine outputs with the fusion on as off; the C side refuses what the kernel
-cannot do."""
+"""The gate/up GEMM with the SwiGLU in its epilogue (GEMM_TN_SWIGLU_FWD: csrc/mainloop_gate_up.cuh loads each tile's B
+rows as a gate half and an up half, csrc/epilogue_swiglu_fwd.cuh writes [p | q] and a) gives the bits of the
+unfused pair: the GEMM_TN_F32 gate/up GEMM followed by the swiglu_fwd kernel (which turns [g | u] into [p | q]),
+for the routed rows and the shared expert, under every tile variant, on shapes with uneven and empty experts, token
+counts that are not multiples of 128 and intermediate sizes that a tile's halves do not split (the last tile partly
+past I), with pre-activations that saturate the sigmoid and overflow to infinity; a last tile partly past I stores
+nothing past column I; the whole layer gives the same nine outputs with the fusion on as off; the C side refuses
+what the kernel cannot do."""
 import pytest
 import torch
 
@@ -55,23 +55,23 @@ def test_fused_gate_up_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg,
     inputs, d, sched, x_RH = _prepared(cfg, 3, wide)
     w = [inputs[k] for k in ("routed_gate", "routed_up", "shared_gate", "shared_up")]
     monkeypatch.setenv(_tiles.ENV, "0")
-    gu, gu_s = _forward.gate_up(inputs["x"], x_RH, sched, d, *w)
-    a, a_s = _forward.swiglu(gu, gu_s, sched, d)
+    pq, pq_s = _forward.gate_up(inputs["x"], x_RH, sched, d, *w)
+    a, a_s = _forward.swiglu(pq, pq_s, sched, d)  # [g | u] -> [p | q] in place
     placed = int(sched.offsets[cfg.E])  # rows past the placed ones are never written by either
     assert placed > 0
     w_gu, w_gu_s = _forward.stacked_gate_up(w[0], w[1]), _forward.stacked_gate_up(w[2], w[3])
     assert _tiles.fused_gate_up_fits(cfg.I, cfg.S)
     for v in range(_lib.NUM_GEMM_VARIANTS):
         got = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, w_gu, w_gu_s, v)
-        assert_bitwise_equal(got[0][:placed], gu[:placed], f"variant {v}: [g | u]")
+        assert_bitwise_equal(got[0][:placed], pq[:placed], f"variant {v}: [p | q]")
         assert_bitwise_equal(got[2][:placed], a[:placed], f"variant {v}: a")
         if cfg.S:
-            assert_bitwise_equal(got[1], gu_s, f"variant {v}: shared [g | u]")
+            assert_bitwise_equal(got[1], pq_s, f"variant {v}: shared [p | q]")
             assert_bitwise_equal(got[3], a_s, f"variant {v}: shared a")
         else:
             assert got[1] is None and got[3] is None
     if wide:
-        assert torch.isinf(gu[:placed]).any() and (a[:placed].float().abs() > 1e3).any()
+        assert (~torch.isfinite(pq[:placed])).any() and (a[:placed].float().abs() > 1e3).any()
 
 
 @pytest.mark.parametrize("cfg", [
@@ -117,22 +117,24 @@ def test_the_library_refuses_what_the_fused_kernel_cannot_do(n, aux, match):
 @pytest.mark.parametrize("variant", range(_lib.NUM_GEMM_VARIANTS))  # every tile variant: halves of 96 or 128
 def test_a_last_tile_past_i_stores_nothing_past_it(variant):
     """I = 136: the last tile's halves (96 or 128 columns) run past I, its gate half into up's rows of B and its up
-    half past B's last row. Nothing may land in the padding columns of [g | u] or of a (NaN before, NaN after), and
-    the stored columns are the float64 product's within rounding."""
+    half past B's last row. Nothing may land in the padding columns of [p | q] or of a (NaN before, NaN after), and
+    the stored columns are those of the float64 product [g | u] within rounding."""
     M, K, I, pad = 100, 64, 136, 8
     assert I % _tiles.HALF_TILE_N[variant], "the last tile must run past I"
     gen = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
     w = torch.randn(2 * I, K, generator=gen, device="cuda").to(torch.bfloat16)
-    gu = torch.full((M, 2 * I + pad), float("nan"), device="cuda")
+    pq = torch.full((M, 2 * I + pad), float("nan"), device="cuda")
     a = torch.full((M, I + pad), float("nan"), device="cuda").to(torch.bfloat16)
-    seg = Segment.all_rows(M, 2 * I, K, Operand(x, 0, 0, K), Operand(w, 0, 0, K), Operand(gu, 0, 0, 2 * I + pad),
+    seg = Segment.all_rows(M, 2 * I, K, Operand(x, 0, 0, K), Operand(w, 0, 0, K), Operand(pq, 0, 0, 2 * I + pad),
                            aux=Operand(a, 0, 0, I + pad))
     _launch(_lib.GEMM_TN_SWIGLU_FWD, seg, variant)
     torch.cuda.synchronize()
-    assert gu[:, 2 * I:].isnan().all(), "a store landed past column 2I of [g | u]"
+    assert pq[:, 2 * I:].isnan().all(), "a store landed past column 2I of [p | q]"
     assert a[:, I:].isnan().all(), "a store landed past column I of a"
     want = x.double() @ w.double().T
-    torch.testing.assert_close(gu[:, :2 * I].double(), want, rtol=1e-5, atol=1e-4)
     g, u = want[:, :I], want[:, I:]
+    s = torch.sigmoid(g)
+    torch.testing.assert_close(pq[:, :I].double(), u * s * (1 + g * (1 - s)), rtol=1e-4, atol=1e-4)  # p
+    torch.testing.assert_close(pq[:, I:2 * I].double(), g * s, rtol=1e-4, atol=1e-4)  # q
     torch.testing.assert_close(a[:, :I].double(), g * torch.sigmoid(g) * u, rtol=1e-2, atol=1e-2)

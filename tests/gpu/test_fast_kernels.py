@@ -7,10 +7,12 @@ small PyTorch formulations with the kernels' rounding order.
   a fixed tree: each thread sums its 8-wide vectors h = 8 * (tid + c * threads) in order, then a
   butterfly over the warp's lanes, then the warps' sums in warp order; `_d_topk_weight` writes that
   tree out with the kernel's thread count (`token_threads`).
-- swiglu_fwd, swiglu_bwd: the sigmoid uses CUDA's expf (max 2 ULP) and nvcc contracts
-  1 + expf(-g) and 1 + g * (1 - s) into FMAs, which PyTorch does not reproduce. So: bitwise where
-  the sigmoid is exact (s = 1 for g >= 20, s = 0 for g <= -90; and g = 0 in the forward, where
-  silu = 0 whatever s is), and within an error bound against float64 elsewhere.
+- swiglu_fwd (a, and [g | u] turned into [p | q] = [u * silu'(g) | silu(g)] in place): the sigmoid uses CUDA's
+  expf (max 2 ULP) and nvcc contracts 1 + expf(-g) into an FMA, which PyTorch does not reproduce. So: bitwise where
+  the sigmoid is exact (s = 1 for g >= 20, s = 0 for g <= -90; and g = 0, where silu = 0 whatever s is), and
+  within an error bound against float64 elsewhere.
+- swiglu_bwd ([bf16(da * p) | bf16(da * q)]): two fp32 products and their bf16 roundings, bitwise everywhere,
+  special values included.
 
 Inputs are drawn on the CPU with a seeded generator and copied to the GPU; expectations are computed
 on the CPU.
@@ -246,32 +248,50 @@ def _offsets(n_rows: int, L: int = 3) -> torch.Tensor:
     return torch.tensor(starts + counts, dtype=torch.int32)
 
 
-def _swiglu_case(backward: bool, kind: str, seed: int, I, n_rows, capacity, use_offsets):
-    """Draw gu [capacity, 2I] (g | u) and da [capacity, I] fp32, run swiglu_bwd (backward) or swiglu_fwd,
-    check that rows past the n_rows placed were not written, and return (out, g, u, da) of the placed
-    rows, on the CPU. kind: "saturated" (every g >= 20, where sigmoid rounds to 1, or <= -90, where it
-    is 0; and in the forward g = 0 in every 7th column, where silu = 0 whatever expf gives) or "random"
-    (g ~ 3 N(0, 1): SwiGLU's usual range, including dsilu's zero near g = -1.28)."""
-    gen = torch.Generator().manual_seed(seed)
+def _gate(kind: str, gen, rows: int, I: int) -> torch.Tensor:
+    """g [rows, I] fp32. kind: "saturated" (every g >= 20, where sigmoid rounds to 1, or <= -90, where it is 0; and
+    g = 0 in every 7th column, where silu = 0 whatever expf gives) or "random" (g ~ 3 N(0, 1): SwiGLU's usual range,
+    including silu'(g)'s zero near g = -1.28)."""
     if kind == "saturated":
-        pick = torch.rand(capacity, I, generator=gen) < 0.5
-        gate = torch.where(pick, 20 + 40 * torch.rand(capacity, I, generator=gen),
-                           -90 - 30 * torch.rand(capacity, I, generator=gen))
-        if not backward:
-            gate[:, ::7] = 0.0
-    else:
-        gate = 3 * torch.randn(capacity, I, generator=gen)
-    gu = torch.cat([gate, torch.randn(capacity, I, generator=gen)], 1)
+        pick = torch.rand(rows, I, generator=gen) < 0.5
+        gate = torch.where(pick, 20 + 40 * torch.rand(rows, I, generator=gen),
+                           -90 - 30 * torch.rand(rows, I, generator=gen))
+        gate[:, ::7] = 0.0
+        return gate
+    return 3 * torch.randn(rows, I, generator=gen)
+
+
+def _swiglu_fwd_case(kind: str, seed: int, I, n_rows, capacity, use_offsets):
+    """Draw gu [capacity, 2I] = [g | u] fp32, run swiglu_fwd, check that rows past the n_rows placed were not
+    written (neither a nor gu), and return (a, g, u, p, q) of the placed rows on the CPU, p | q being what the
+    kernel left in gu in place of g | u."""
+    gen = torch.Generator().manual_seed(seed)
+    gu = torch.cat([_gate(kind, gen, capacity, I), torch.randn(capacity, I, generator=gen)], 1)
     gu[n_rows:] = NAN  # rows past the placed ones: never read into a written row
-    da = torch.randn(capacity, I, generator=gen)
-    cols = 2 * I if backward else I
-    out = torch.full((capacity, cols), SENTINEL, dtype=torch.bfloat16, device="cuda")
+    a = torch.full((capacity, I), SENTINEL, dtype=torch.bfloat16, device="cuda")
     offsets = _offsets(n_rows).cuda() if use_offsets else None
-    fn, inputs = (_lib.swiglu_bwd, [da, gu]) if backward else (_lib.swiglu_fwd, [gu])
-    fn(*_cuda(*inputs), offsets, 3, 0 if use_offsets else n_rows, I, capacity, out)
-    out = out.cpu()
-    assert bool((out[n_rows:] == SENTINEL).all()), "rows past the rows placed were written"
-    return out[:n_rows], gu[:n_rows, :I], gu[:n_rows, I:], da[:n_rows]
+    (gu_dev,) = _cuda(gu)
+    _lib.swiglu_fwd(gu_dev, offsets, 3, 0 if use_offsets else n_rows, I, capacity, a)
+    a, pq = a.cpu(), gu_dev.cpu()
+    assert bool((a[n_rows:] == SENTINEL).all()), "rows of a past the rows placed were written"
+    assert bool(pq[n_rows:].isnan().all()), "rows of gu past the rows placed were written"
+    return a[:n_rows], gu[:n_rows, :I], gu[:n_rows, I:], pq[:n_rows, :I], pq[:n_rows, I:]
+
+
+def _swiglu_bwd_case(seed: int, I, n_rows, capacity, use_offsets):
+    """Draw pq [capacity, 2I] = [p | q] and da [capacity, I] fp32 over every scale and the special values, run
+    swiglu_bwd, check that rows past the n_rows placed were not written, and return (dgu, p, q, da) of the placed
+    rows on the CPU."""
+    pq = torch.stack([_special_fp32(capacity * I, seed), _special_fp32(capacity * I, seed + 1).flip(0)], 1)
+    pq = pq.reshape(capacity, I, 2).transpose(1, 2).reshape(capacity, 2 * I).contiguous()
+    pq[n_rows:] = NAN
+    da = _special_fp32(capacity * I, seed + 2).roll(5).reshape(capacity, I)
+    dgu = torch.full((capacity, 2 * I), SENTINEL, dtype=torch.bfloat16, device="cuda")
+    offsets = _offsets(n_rows).cuda() if use_offsets else None
+    _lib.swiglu_bwd(*_cuda(da, pq), offsets, 3, 0 if use_offsets else n_rows, I, capacity, dgu)
+    dgu = dgu.cpu()
+    assert bool((dgu[n_rows:] == SENTINEL).all()), "rows past the rows placed were written"
+    return dgu[:n_rows], pq[:n_rows, :I], pq[:n_rows, I:], da[:n_rows]
 
 
 SWIGLU = [
@@ -283,20 +303,30 @@ SWIGLU = [
 
 @pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
 def test_swiglu_fwd_bitwise_where_sigmoid_is_exact(I, n_rows, capacity, use_offsets):
-    a, gate, up, _ = _swiglu_case(False, "saturated", I + n_rows, I, n_rows, capacity, use_offsets)
+    a, gate, up, p, q = _swiglu_fwd_case("saturated", I + n_rows, I, n_rows, capacity, use_offsets)
     s = torch.where(gate >= 20, 1.0, torch.where(gate <= -90, 0.0, 0.5))  # 0.5 only where g = 0
     want = ((gate * s) * up).bfloat16()  # silu = g * s, then one fp32 product, then bf16
     assert bool(want.float().abs().max() > 1) and bool((want == 0).any())  # both regimes present
     assert_bitwise_equal(a, want, "a = bf16(silu(g) * u)")
+    assert_bitwise_equal(q, gate * s, "q = silu(g)")
+    sat = gate != 0  # s exactly 0 or 1: fma(g, 1 - s, 1) = 1 + g * (1 - s), g * (1 - s) exact
+    assert_bitwise_equal(p[sat], up[sat] * (s[sat] * (1.0 + gate[sat] * (1.0 - s[sat]))), "p = u * silu'(g)")
 
 
 @pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
-def test_swiglu_bwd_bitwise_where_sigmoid_is_exact(I, n_rows, capacity, use_offsets):
-    dgu, gate, up, d = _swiglu_case(True, "saturated", I + n_rows + 1, I, n_rows, capacity, use_offsets)
-    s = torch.where(gate >= 20, 1.0, 0.0)
-    dsilu = s * (1.0 + gate * (1.0 - s))  # fma(g, 1 - s, 1) = this when s is 0 or 1 (g * (1 - s) exact)
-    assert_bitwise_equal(dgu[:, :I], ((d * up) * dsilu).bfloat16(), "dg = bf16(da * u * silu'(g))")
-    assert_bitwise_equal(dgu[:, I:], (d * (gate * s)).bfloat16(), "du = bf16(da * silu(g))")
+def test_swiglu_bwd_bitwise_everywhere(I, n_rows, capacity, use_offsets):
+    """The backward is two fp32 products and their bf16 roundings, which CPU PyTorch gives exactly, special values
+    (NaN, +-inf, +-0, subnormals, overflow to inf, bf16 rounding ties) included."""
+    dgu, p, q, d = _swiglu_bwd_case(I + n_rows + 1, I, n_rows, capacity, use_offsets)
+    assert bool(p.isnan().any()) and bool(p.isinf().any()) and bool(d.isinf().any())  # the specials are there
+    assert_bitwise_equal(dgu[:, :I], (d * p).bfloat16(), "dg = bf16(da * p)")
+    assert_bitwise_equal(dgu[:, I:], (d * q).bfloat16(), "du = bf16(da * q)")
+
+
+# fp32 errors before the bf16 rounding: expf <= 2 ULP, then a few roundings, so the fp32 value is within
+# ~5 ULP (2^-24 each) of exact; bf16 rounding adds <= 2^-8 relative. BF16 bounds that, with slack.
+BF16 = 2.0**-8 * (1 + 2.0**-6)
+FP32 = 2.0**-19  # 16 ULP: p and q are the same few roundings, kept in fp32
 
 
 def _assert_within(name, got, want64, bound):
@@ -307,33 +337,21 @@ def _assert_within(name, got, want64, bound):
                              f"got {got[i].item()!r}, float64 {want64[i].item()!r}, bound {bound[i].item()!r}")
 
 
-# fp32 errors before the bf16 rounding: expf <= 2 ULP, then a few roundings, so the fp32 value is within
-# ~5 ULP (2^-24 each) of exact; bf16 rounding adds <= 2^-8 relative. BF16 bounds that, with slack.
-BF16 = 2.0**-8 * (1 + 2.0**-6)
-
-
 @pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
 def test_swiglu_fwd_close_to_float64(I, n_rows, capacity, use_offsets):
-    a, gate, up, _ = (t.double() for t in _swiglu_case(False, "random", I + n_rows + 2, I, n_rows, capacity,
-                                                       use_offsets))
-    want = gate * torch.sigmoid(gate) * up
-    _assert_within("a", a, want, BF16 * want.abs() + 1e-30)
-
-
-@pytest.mark.parametrize("I, n_rows, capacity, use_offsets", SWIGLU)
-def test_swiglu_bwd_close_to_float64(I, n_rows, capacity, use_offsets):
-    dgu, gate, up, d = (t.double() for t in _swiglu_case(True, "random", I + n_rows + 3, I, n_rows, capacity,
-                                                         use_offsets))
+    a, gate, up, p, q = (t.double() for t in _swiglu_fwd_case("random", I + n_rows + 2, I, n_rows, capacity,
+                                                              use_offsets))
     s = torch.sigmoid(gate)
-    want_dg = d * up * s * (1 + gate * (1 - s))
-    want_du = d * gate * s
-    # dsilu = s * (1 + g * (1 - s)) cancels near g = -1.28: its fp32 error is absolute, <= ~10 ULP of s * (1 + |g|)
-    slack = 2.0**-20 * (d * up).abs() * s * (1 + gate.abs())
-    _assert_within("dg", dgu[:, :I], want_dg, BF16 * want_dg.abs() + slack + 1e-30)
-    _assert_within("du", dgu[:, I:], want_du, BF16 * want_du.abs() + 1e-30)
-    # the bound is not vacuous: swapping the halves, or dropping silu', breaks it
-    assert not bool(((dgu[:, I:] - want_dg).abs() <= BF16 * want_dg.abs() + slack).all())
-    assert not bool(((dgu[:, :I] - d * up).abs() <= BF16 * (d * up).abs() + slack).all())
+    want = gate * s * up
+    _assert_within("a", a, want, BF16 * want.abs() + 1e-30)
+    _assert_within("q", q, gate * s, FP32 * (gate * s).abs() + 1e-38)
+    want_p = up * s * (1 + gate * (1 - s))
+    # silu' = s * (1 + g * (1 - s)) cancels near g = -1.28: its fp32 error is absolute, <= ~10 ULP of s * (1 + |g|)
+    slack = 2.0**-20 * up.abs() * s * (1 + gate.abs())
+    _assert_within("p", p, want_p, FP32 * want_p.abs() + slack + 1e-38)
+    # the bound is not vacuous: swapping p and q, or dropping silu' from p, breaks it
+    assert not bool(((q - want_p).abs() <= FP32 * want_p.abs() + slack).all())
+    assert not bool(((p - up).abs() <= FP32 * up.abs() + slack).all())
 
 
 # ---------------------------------------------------------------- cast_pair_bf16

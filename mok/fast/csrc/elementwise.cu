@@ -29,7 +29,7 @@ inline int token_threads(int H) {
 }
 
 __device__ __forceinline__ float nanf_() { return __int_as_float(0x7fc00000); }
-using mok::silu_;
+using mok::swiglu_fwd_one;
 using mok::swiglu_bwd_one;
 
 // Rows a per-row kernel covers: the schedule's placed rows (offsets[L]) or a fixed count.
@@ -68,17 +68,22 @@ __global__ void gather_rows_k(const uint4* __restrict__ x, const int* pair_row, 
   }
 }
 
-// a[r, i] = bf16(silu(g) * u), g = gu[r, i], u = gu[r, I + i] (fp32, row stride ld); 4 per thread.
-__global__ void swiglu_fwd_k(const float* gu, int64_t ld, const int* offsets, int L, int fixed_rows,
-                             int I, bf16* a) {
+// a[r, i] = bf16(silu(g) * u), g = gu[r, i], u = gu[r, I + i] (fp32, row stride ld); gu[r] becomes [p | q] in
+// place, p = u * silu'(g), q = silu(g) (swiglu_fwd_one): what the backward reads. 4 per thread.
+__global__ void swiglu_fwd_k(float* gu, int64_t ld, const int* offsets, int L, int fixed_rows, int I, bf16* a) {
   int r = blockIdx.x;
   if (r >= n_rows_(offsets, L, fixed_rows)) return;
-  const float* row = gu + (int64_t)r * ld;
+  float* row = gu + (int64_t)r * ld;
   for (int i = 4 * threadIdx.x; i < I; i += 4 * blockDim.x) {
     float4 g = *reinterpret_cast<const float4*>(row + i);
     float4 u = *reinterpret_cast<const float4*>(row + I + i);
-    __nv_bfloat162 lo = __floats2bfloat162_rn(__fmul_rn(silu_(g.x), u.x), __fmul_rn(silu_(g.y), u.y));
-    __nv_bfloat162 hi = __floats2bfloat162_rn(__fmul_rn(silu_(g.z), u.z), __fmul_rn(silu_(g.w), u.w));
+    float4 p, q;
+    const float a0 = swiglu_fwd_one(g.x, u.x, p.x, q.x), a1 = swiglu_fwd_one(g.y, u.y, p.y, q.y);
+    const float a2 = swiglu_fwd_one(g.z, u.z, p.z, q.z), a3 = swiglu_fwd_one(g.w, u.w, p.w, q.w);
+    *reinterpret_cast<float4*>(row + i) = p;
+    *reinterpret_cast<float4*>(row + I + i) = q;
+    __nv_bfloat162 lo = __floats2bfloat162_rn(a0, a1);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(a2, a3);
     uint2 v;
     v.x = *reinterpret_cast<unsigned*>(&lo);
     v.y = *reinterpret_cast<unsigned*>(&hi);
@@ -206,20 +211,21 @@ combine_bwd_pre_k(const bf16* __restrict__ dy, const bf16* __restrict__ o, const
   }
 }
 
-// dg = bf16(da * u * silu'(g)), du = bf16(da * silu(g)); dgu[r] = [dg | du] (row stride 2I).
-__global__ void swiglu_bwd_k(const float* da, const float* gu, int64_t ld, const int* offsets, int L,
+// dg = bf16(da * p), du = bf16(da * q) of the forward's pq[r] = [p | q] (fp32, row stride ld; swiglu_bwd_one);
+// dgu[r] = [dg | du] (row stride 2I).
+__global__ void swiglu_bwd_k(const float* da, const float* pq, int64_t ld, const int* offsets, int L,
                              int fixed_rows, int I, bf16* dgu) {
   int r = blockIdx.x;
   if (r >= n_rows_(offsets, L, fixed_rows)) return;
-  const float* row = gu + (int64_t)r * ld;
+  const float* row = pq + (int64_t)r * ld;
   for (int i = 4 * threadIdx.x; i < I; i += 4 * blockDim.x) {
-    float4 g4 = *reinterpret_cast<const float4*>(row + i);
-    float4 u4 = *reinterpret_cast<const float4*>(row + I + i);
+    float4 p4 = *reinterpret_cast<const float4*>(row + i);
+    float4 q4 = *reinterpret_cast<const float4*>(row + I + i);
     float4 d4 = *reinterpret_cast<const float4*>(da + (int64_t)r * I + i);
-    float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w}, d[4] = {d4.x, d4.y, d4.z, d4.w};
+    float p[4] = {p4.x, p4.y, p4.z, p4.w}, q[4] = {q4.x, q4.y, q4.z, q4.w}, d[4] = {d4.x, d4.y, d4.z, d4.w};
     bf16 dg[4], du[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) swiglu_bwd_one(d[j], g[j], u[j], dg[j], du[j]);
+    for (int j = 0; j < 4; ++j) swiglu_bwd_one(d[j], p[j], q[j], dg[j], du[j]);
     *reinterpret_cast<uint2*>(dgu + (int64_t)r * 2 * I + i) = *reinterpret_cast<uint2*>(dg);
     *reinterpret_cast<uint2*>(dgu + (int64_t)r * 2 * I + I + i) = *reinterpret_cast<uint2*>(du);
   }
@@ -286,7 +292,7 @@ int mok_gather_rows(const void* x_TH, const int* pair_row, int T, int K, int H, 
   return 0;
 }
 
-int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* offsets, int L, int fixed_rows, int I,
+int mok_swiglu_fwd(float* gu, int64_t ld_gu, const int* offsets, int L, int fixed_rows, int I,
                    int capacity, void* a, cudaStream_t stream) {
   if (capacity == 0) return 0;
   swiglu_fwd_k<<<capacity, 256, 0, stream>>>(gu, ld_gu, offsets, L, fixed_rows, I,
@@ -316,10 +322,10 @@ int mok_combine_bwd_pre(const void* dy_TH, const void* o_RH, const float* w_TK,
   return 0;
 }
 
-int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* offsets, int L,
+int mok_swiglu_bwd(const float* da, const float* pq, int64_t ld_pq, const int* offsets, int L,
                    int fixed_rows, int I, int capacity, void* dgu, cudaStream_t stream) {
   if (capacity == 0) return 0;
-  swiglu_bwd_k<<<capacity, 256, 0, stream>>>(da, gu, ld_gu, offsets, L, fixed_rows, I,
+  swiglu_bwd_k<<<capacity, 256, 0, stream>>>(da, pq, ld_pq, offsets, L, fixed_rows, I,
                                              static_cast<bf16*>(dgu));
   MOK_CHECK_LAUNCH("swiglu_bwd");
   return 0;

@@ -1,9 +1,10 @@
 // The SwiGLU-backward epilogue of the d_a GEMM (GEMM kind MOK_GEMM_NN_SWIGLU_BWD) in the ping-pong tiles, with
-// [g | u] staged through shared memory. The math and bits of epilogue_swiglu_bwd.cuh and of the swiglu_bwd kernel:
-// for group l with problem (M, N), da = the fp32 accumulator at (r, c), g = C_l[r, c], u = C_l[r, N + c],
-//   D_l[r, c] = bf16(da * u * silu'(g)), D_l[r, N + c] = bf16(da * silu(g)).
-// The consumer warpgroup's 128 threads copy [g | u] into shared memory with 16-byte cp.async, 64 rows x 32 columns
-// of g and of u a sub-tile, three sub-tiles in flight while a fourth is used (64 KiB; the ping-pong mainloop keeps
+// the forward's [p | q] staged through shared memory. The math and bits of epilogue_swiglu_bwd.cuh and of the
+// swiglu_bwd kernel: for group l with problem (M, N), da = the fp32 accumulator at (r, c), p = C_l[r, c] (the
+// forward's u * silu'(g)), q = C_l[r, N + c] (silu(g)),
+//   D_l[r, c] = bf16(da * p), D_l[r, N + c] = bf16(da * q).
+// The consumer warpgroup's 128 threads copy [p | q] into shared memory with 16-byte cp.async, 64 rows x 32 columns
+// of p and of q a sub-tile, three sub-tiles in flight while a fourth is used (64 KiB; the ping-pong mainloop keeps
 // its 4 stages). Loading into registers instead (epilogue_swiglu_bwd.cuh) had only the registers the 192
 // accumulators of a ping-pong tile leave free to keep loads in flight, so that epilogue waited on memory and did
 // not hide behind the other warpgroup's mainloop; cp.async needs no registers for bytes in flight.
@@ -30,11 +31,11 @@ class SwigluBwdStagedEpilogueArray
 
  public:
   using Params = typename Base::Params;
-  static constexpr int kSubM = 64, kSubN = 32;  // one sub-tile: 64 rows x 32 columns of g and of u (16 KiB)
+  static constexpr int kSubM = 64, kSubN = 32;  // one sub-tile: 64 rows x 32 columns of p and of q (16 KiB)
   static constexpr int kStages = 4;             // sub-tiles in shared memory: three in flight, one in use
   struct SharedStorage {
-    alignas(128) float g[kStages][kSubM * kSubN];
-    alignas(128) float u[kStages][kSubM * kSubN];
+    alignas(128) float p[kStages][kSubM * kSubN];
+    alignas(128) float q[kStages][kSubM * kSubN];
   };
 
   CUTLASS_HOST_DEVICE explicit SwigluBwdStagedEpilogueArray(Params const& params_) : params(params_) {}
@@ -63,7 +64,7 @@ class SwigluBwdStagedEpilogueArray
                   "wgmma accumulator fragment ((2, 2, BLK_N / 8), BLK_M / 64, 1)");
     static_assert(kBlkN % kSubN == 0, "sub-tiles split the tile's columns");
     constexpr int kQ = kBlkN / kSubN, kSubtiles = (kBlkM / kSubM) * kQ;
-    constexpr int kCopies = kSubM * kSubN / 4 / kThreads;  // 16-byte copies a thread makes per sub-tile, of g and of u
+    constexpr int kCopies = kSubM * kSubN / 4 / kThreads;  // 16-byte copies a thread makes per sub-tile, of p and of q
     static_assert(kSubtiles >= kStages - 1, "the pipeline's prologue fits in the tile");
 
     auto& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
@@ -78,9 +79,9 @@ class SwigluBwdStagedEpilogueArray
     // Copies: thread t takes chunk t % 8 (4 floats) of sub-tile rows t / 8 + 16 i, i < kCopies.
     const int cp_row = thread_idx / (kSubN / 4), cp_col = (thread_idx % (kSubN / 4)) * 4;
     const float* __restrict__ cp_src = params.ptr_C[l_coord] + (m0 + cp_row) * ldc + (n0 + cp_col);
-    const uint32_t cp_dst = static_cast<uint32_t>(__cvta_generic_to_shared(&ss.g[0][smem_at(cp_row, cp_col)]));
-    constexpr uint32_t kUBytes = sizeof(ss.g), kStageBytes = sizeof(ss.g[0]);
-    static_assert(sizeof(ss.g) == sizeof(ss.u), "g and u stages alike");
+    const uint32_t cp_dst = static_cast<uint32_t>(__cvta_generic_to_shared(&ss.p[0][smem_at(cp_row, cp_col)]));
+    constexpr uint32_t kQBytes = sizeof(ss.p), kStageBytes = sizeof(ss.p[0]);
+    static_assert(sizeof(ss.p) == sizeof(ss.q), "p and q stages alike");
     static_assert((kThreads / (kSubN / 4)) % 4 == 0, "rows t / 8 + 16 i keep the chunk permutation of row t / 8");
     // Sub-tile s into stage s % kStages; rows past M and columns past N are zero-filled without reading (cp.async
     // with source size 0), so no branch splits the copies. One commit group per sub-tile, empty past the last.
@@ -97,7 +98,7 @@ class SwigluBwdStagedEpilogueArray
           const uint32_t dst = cp_dst + (s % kStages) * kStageBytes +
                                (i * (kThreads / (kSubN / 4)) * kSubN) * static_cast<uint32_t>(sizeof(float));
           asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + kUBytes), "l"(in ? src + N : src),
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + kQBytes), "l"(in ? src + N : src),
                        "r"(bytes) : "memory");
         }
       }
@@ -131,11 +132,11 @@ class SwigluBwdStagedEpilogueArray
           auto i0 = make_coord(make_coord(0, half, q * (kSubN / 8) + b), mb, 0);
           auto i1 = make_coord(make_coord(1, half, q * (kSubN / 8) + b), mb, 0);
           const int at = smem_at(rl, cl);
-          const float2 g = *reinterpret_cast<const float2*>(&ss.g[st][at]);
-          const float2 u = *reinterpret_cast<const float2*>(&ss.u[st][at]);
+          const float2 pv = *reinterpret_cast<const float2*>(&ss.p[st][at]);
+          const float2 qv = *reinterpret_cast<const float2*>(&ss.q[st][at]);
           __nv_bfloat162 dg, du;
-          swiglu_bwd_one(accumulators(i0), g.x, u.x, dg.x, du.x);
-          swiglu_bwd_one(accumulators(i1), g.y, u.y, dg.y, du.y);
+          swiglu_bwd_one(accumulators(i0), pv.x, qv.x, dg.x, du.x);
+          swiglu_bwd_one(accumulators(i1), pv.y, qv.y, dg.y, du.y);
           if (row_in && n0 + q * kSubN + cl < N) {  // N is a multiple of 8: the pair is in or out together
             __nv_bfloat16* out = out0 + (mb * kSubM + 8 * half) * ldd + (q * kSubN + 8 * b);
             *reinterpret_cast<__nv_bfloat162*>(out) = dg;

@@ -3,8 +3,10 @@
 // g and column h + c the up pre-activation u of intermediate column j = n * h + c. For group l with problem
 // (M, N = 2I), each consumer thread stores from registers, for rows r < M and columns j < I (h need not split I: in
 // the last tile the columns past I are no intermediate column and are not stored)
-//   D_l[r, j] = g, D_l[r, I + j] = u          (fp32 [g | u], row stride ldd: what the backward reads)
-//   C_l[r, j] = bf16(silu(g) * u)             (bf16 a, row stride ldc; the bits of the swiglu_fwd kernel)
+//   D_l[r, j] = p, D_l[r, I + j] = q          (fp32 [p | q] = [u * silu'(g) | silu(g)], row stride ldd: what
+//                                              the backward reads; swiglu_math.cuh)
+//   C_l[r, j] = bf16(silu(g) * u)             (bf16 a, row stride ldc)
+// (the bits of the gate/up GEMM followed by the swiglu_fwd kernel, which turns [g | u] into [p | q] in place).
 // An operator-style CUTLASS epilogue (the interface of CUTLASS's DefaultEpilogueArray, run by the sm90 ptr-array
 // kernels through Sm90TmaWarpSpecializedAdapter); C is an output here, not an input.
 #pragma once
@@ -17,7 +19,7 @@
 
 namespace mok {
 
-// C: a of row 0; D: g of row 0 (u is I columns further).
+// C: a of row 0; D: p of row 0 (q is I columns further).
 template <class StrideCD_>  // pointer to the per-group row-major stride (ld, _1, _0)
 class SwigluFwdEpilogueArray : public EpilogueArrayBase<StrideCD_, cutlass::bfloat16_t, float> {
  public:
@@ -43,7 +45,7 @@ class SwigluFwdEpilogueArray : public EpilogueArrayBase<StrideCD_, cutlass::bflo
                   size<0, 2>(FrgLayout{}) == kBlkN / 8, "wgmma accumulator fragment ((2, 2, BLK_N / 8), M, 1)");
     const int M = get<0>(problem_shape_mnkl), I = get<1>(problem_shape_mnkl) / 2;
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
-    float* __restrict__ gu = params.ptr_D[l_coord];
+    float* __restrict__ pq = params.ptr_D[l_coord];
     __nv_bfloat16* __restrict__ a = reinterpret_cast<__nv_bfloat16*>(params.ptr_C[l_coord]);
     const int64_t ldd = get<0>(params.dD[l_coord]), ldc = get<0>(params.dC[l_coord]);
     Tensor cD = local_tile(make_identity_tensor(make_shape(M, get<1>(problem_shape_mnkl))),
@@ -62,12 +64,13 @@ class SwigluFwdEpilogueArray : public EpilogueArrayBase<StrideCD_, cutlass::bflo
           auto iu1 = make_coord(make_coord(1, half, b + kPairs), m, 0);
           const int r = get<0>(tCcD(ig)), j = get<1>(tCcD(ig)) - shift;
           if (r < M && j < I) {  // j even, I a multiple of 8 (the caller checks): j + 1 < I too
-            const float g0 = accumulators(ig), g1 = accumulators(ig1), u0 = accumulators(iu), u1 = accumulators(iu1);
-            float* row = gu + r * ldd + j;
-            *reinterpret_cast<float2*>(row) = make_float2(g0, g1);
-            *reinterpret_cast<float2*>(row + I) = make_float2(u0, u1);
-            *reinterpret_cast<__nv_bfloat162*>(a + r * ldc + j) =
-                __floats2bfloat162_rn(__fmul_rn(silu_(g0), u0), __fmul_rn(silu_(g1), u1));
+            float2 p, q;
+            const float a0 = swiglu_fwd_one(accumulators(ig), accumulators(iu), p.x, q.x);
+            const float a1 = swiglu_fwd_one(accumulators(ig1), accumulators(iu1), p.y, q.y);
+            float* row = pq + r * ldd + j;
+            *reinterpret_cast<float2*>(row) = p;
+            *reinterpret_cast<float2*>(row + I) = q;
+            *reinterpret_cast<__nv_bfloat162*>(a + r * ldc + j) = __floats2bfloat162_rn(a0, a1);
           }
         }
       }

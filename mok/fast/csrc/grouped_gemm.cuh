@@ -56,8 +56,8 @@ inline bool tile_order(SchedulerArgs& sched) {
 }
 
 // Epilogues: D = the accumulator rounded to D's type (CUTLASS's TMA epilogue), the SwiGLU backward of
-// it (epilogue_swiglu_bwd.cuh: D bf16 [dg | du], reading C = the fp32 [g | u] pre-activations), or the SwiGLU
-// forward (epilogue_swiglu_fwd.cuh, after the paired-B mainloop of mainloop_gate_up.cuh: D fp32 [g | u] and
+// it (epilogue_swiglu_bwd.cuh: D bf16 [dg | du], reading C = the fp32 [p | q] the forward kept), or the SwiGLU
+// forward (epilogue_swiglu_fwd.cuh, after the paired-B mainloop of mainloop_gate_up.cuh: D fp32 [p | q] and
 // C = bf16 a, both written).
 enum class Epi { kLinear, kSwigluBwd, kSwigluFwd };
 
@@ -78,15 +78,15 @@ struct GroupedGemm {
   static constexpr bool kSwigluFwd = kEpi == Epi::kSwigluFwd;
   static constexpr bool kHasAux = kSwigluBwd || kSwigluFwd;  // segments carry operand aux (MokSegment.aux)
   static_assert(!kSwigluBwd || cute::is_same_v<ElementD, cutlass::bfloat16_t>, "the SwiGLU backward writes bf16");
-  static_assert(!kSwigluFwd || cute::is_same_v<ElementD, float>, "the SwiGLU forward writes fp32 [g | u]");
-  // Operand aux: the fp32 [g | u] the SwiGLU backward reads, or the bf16 a the SwiGLU forward writes.
+  static_assert(!kSwigluFwd || cute::is_same_v<ElementD, float>, "the SwiGLU forward writes fp32 [p | q]");
+  // Operand aux: the fp32 [p | q] the SwiGLU backward reads, or the bf16 a the SwiGLU forward writes.
   using ElementAux = cute::conditional_t<kSwigluFwd, cutlass::bfloat16_t, const float>;
   using LinearEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape_, ClusterShape_,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, LayoutD*, AlignD, ElementD, LayoutD*, AlignD, EpilogueSchedule_,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
-  // The SwiGLU backward: [g | u] staged through shared memory in the ping-pong tiles (one warpgroup's epilogue at a
+  // The SwiGLU backward: [p | q] staged through shared memory in the ping-pong tiles (one warpgroup's epilogue at a
   // time, overlapping the other's mainloop), loaded into registers in the cooperative ones.
   static constexpr bool kPingpongSchedule =
       cute::is_same_v<KernelSchedule_, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
@@ -257,13 +257,13 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
     list.s[j] = segs[j];
     groups += segs[j].num_groups;
     if (G::kHasAux && segs[j].aux.base == nullptr)
-      return set_error("segment %d: operand aux (%s) is null", j, G::kSwigluFwd ? "the a output" : "the [g | u] input");
+      return set_error("segment %d: operand aux (%s) is null", j, G::kSwigluFwd ? "the a output" : "the [p | q] input");
     if (!G::kHasAux && segs[j].aux.base != nullptr)
       return set_error("segment %d: operand aux is set but this kind has none", j);
     if (G::kSwigluBwd && (segs[j].n % 8 != 0 || segs[j].aux.ld % 4 != 0 || segs[j].aux.offset % 4 != 0 ||
                           segs[j].aux.expert_stride % 4 != 0 || segs[j].aux.row_stride % 4 != 0 ||
                           reinterpret_cast<uintptr_t>(segs[j].aux.base) % 16 != 0))
-      return set_error("segment %d: the SwiGLU backward needs n = %d a multiple of 8 and [g | u] rows 16-byte "
+      return set_error("segment %d: the SwiGLU backward needs n = %d a multiple of 8 and [p | q] rows 16-byte "
                        "aligned (base, offset, strides and ld in whole 4-float chunks)", j, segs[j].n);
     if (G::kSwigluFwd && (segs[j].rows_dim != 0 || segs[j].n % 16 != 0))
       return set_error("segment %d: n = %d must be a multiple of 16 (gate and up halves of whole 8-column blocks) "

@@ -30,7 +30,7 @@ struct MokOperand {
 // A run of groups sharing one formula. rows(e) = offsets[e + 1] - offsets[e] when offsets is
 // non-null, else fixed_rows. rows_dim says which of M (0) or K (2) is rows(e); the other two are
 // the constants m, n, k. Groups whose rows are 0 get M = 0 (no tiles). aux: the extra operand of a fused
-// epilogue (MOK_GEMM_NN_SWIGLU_BWD's fp32 [g | u] input, MOK_GEMM_TN_SWIGLU_FWD's bf16 a output); base null for
+// epilogue (MOK_GEMM_NN_SWIGLU_BWD's fp32 [p | q] input, MOK_GEMM_TN_SWIGLU_FWD's bf16 a output); base null for
 // every other kind.
 struct MokSegment {
   int num_groups;
@@ -49,9 +49,10 @@ enum MokGemmKind {
   MOK_GEMM_TT_F32 = 4,   // A [K,M] row-major (M-major), B [K,N] row-major (N-major), D fp32 (weight grads)
   MOK_GEMM_TT_BF16 = 5,  // same, D bf16 (weight grads of bf16 parameters)
   MOK_GEMM_NN_SWIGLU_BWD = 6,  // NN, and the epilogue turns the fp32 product da [M,N] into D bf16 [M,2N] =
-                               // [dg | du] of the SwiGLU backward, reading aux fp32 [M,2N] = [g | u]
-  MOK_GEMM_TN_SWIGLU_FWD = 7,  // TN with B [N,K] = [W_gate; W_up] halves (N a multiple of the tile's N), D fp32
-                               // [M,N] = [g | u], and aux bf16 [M,N/2] = a = bf16(silu(g) * u), written
+                               // [dg | du] = [bf16(da * p) | bf16(da * q)], reading aux fp32 [M,2N] = [p | q]
+  MOK_GEMM_TN_SWIGLU_FWD = 7,  // TN with B [N,K] = [W_gate; W_up] halves (N a multiple of the tile's N) giving
+                               // [g | u]: D fp32 [M,N] = [p | q] = [u * silu'(g) | silu(g)] (swiglu_math.cuh),
+                               // and aux bf16 [M,N/2] = a = bf16(silu(g) * u), written
   MOK_GEMM_TT_F32_SMALL = 8,   // TT_F32 in a ping-pong 64x128x64 tile whatever the variant: the router's weight
                                // gradient ([E, H] outputs over T-long reductions: more output tiles, more SMs)
   MOK_GEMM_NUM_KINDS = 9
@@ -85,15 +86,17 @@ int mok_schedule(const int64_t* topk_idx, int T, int K, int E, int e0, int L, in
 int mok_gather_rows(const void* x_TH, const int* pair_row, int T, int K, int H, int capacity, void* x_RH,
                     cudaStream_t stream);
 // SwiGLU rows: offsets[L] of the schedule's offsets (rows placed) when offsets is non-null, else
-// fixed_rows; the grid covers `capacity` rows.
-int mok_swiglu_fwd(const float* gu, int64_t ld_gu, const int* offsets, int L, int fixed_rows, int I,
+// fixed_rows; the grid covers `capacity` rows. swiglu_fwd reads gu = [g | u] fp32, writes a = bf16(silu(g) * u)
+// and turns gu into [p | q] = [u * silu'(g) | silu(g)] in place; swiglu_bwd reads that [p | q] and da fp32 and
+// writes dgu = [bf16(da * p) | bf16(da * q)] (csrc/swiglu_math.cuh).
+int mok_swiglu_fwd(float* gu, int64_t ld_gu, const int* offsets, int L, int fixed_rows, int I,
                    int capacity, void* a, cudaStream_t stream);
 int mok_combine_fwd(const void* s_TH, const void* o_RH, const float* w_TK, const int* pair_row,
                     const int* flag, int T, int K, int H, void* y_TH, cudaStream_t stream);
 int mok_combine_bwd_pre(const void* dy_TH, const void* o_RH, const float* w_TK,
                         const int* pair_row, const int* flag, int T, int K, int H,
                         float* d_w_TK, void* go_RH, cudaStream_t stream);
-int mok_swiglu_bwd(const float* da, const float* gu, int64_t ld_gu, const int* offsets, int L,
+int mok_swiglu_bwd(const float* da, const float* pq, int64_t ld_pq, const int* offsets, int L,
                    int fixed_rows, int I, int capacity, void* dgu, cudaStream_t stream);
 int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_row,
                        const int* flag, int T, int K, int H, void* dx_TH, cudaStream_t stream);

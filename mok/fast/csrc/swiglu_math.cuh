@@ -2,6 +2,10 @@
 // gate/up and d_a GEMMs (epilogue_swiglu_fwd.cuh, epilogue_swiglu_bwd*.cuh), so each fused launch gives its kernel's
 // bits: s = sigmoid(g) = 1 / (1 + expf(-g)), silu = g * s, silu' = s * (1 + g * (1 - s)). Deterministic and within
 // the 2x rule, not the reference's bits (expf is within 2 ULP, and nvcc may contract FMAs).
+// The forward keeps, in place of the pre-activations [g | u], the two factors of the backward [p | q] (fp32):
+// p = u * silu'(g) and q = silu(g), computed from the sigmoid it has anyway; the backward is then two products,
+// dg = bf16(da * p) and du = bf16(da * q), with no exp, reciprocal or Newton steps in the d_a epilogue. The same
+// bytes are kept; rounding p and q (or g and u) to bf16 breaks the 2x rule (benchmarks/saved_swiglu_dtype_scan.py).
 // No branches: the reciprocal is two Newton steps from the hardware's approximation instead of the IEEE division,
 // whose slow-path call and reconvergence serialised an epilogue's elements (one warp per scheduler runs it, so the
 // latency of each element's chain was exposed: benchmarks/RESULTS.md run 15).
@@ -21,16 +25,21 @@ __device__ __forceinline__ float recip_ge1_(float x) {
 }
 
 __device__ __forceinline__ float sigmoid_(float g) { return recip_ge1_(1.0f + expf(-g)); }
-__device__ __forceinline__ float silu_(float g) { return g * sigmoid_(g); }
 
-// SwiGLU backward of one element: da (fp32) the gradient of a = silu(g) * u; g, u fp32.
-// dg = bf16(da * u * silu'(g)), du = bf16(da * silu(g)).
-__device__ __forceinline__ void swiglu_bwd_one(float da, float g, float u, __nv_bfloat16& dg, __nv_bfloat16& du) {
-  float sig = sigmoid_(g);
-  float sl = g * sig;
-  float dsilu = sig * (1.0f + g * (1.0f - sig));
-  dg = __float2bfloat16_rn(da * u * dsilu);
-  du = __float2bfloat16_rn(da * sl);
+// SwiGLU forward of one element, g and u fp32: returns silu(g) * u (fp32; a = its bf16) and sets the backward's
+// factors p = u * silu'(g), q = silu(g) (fp32), every step rounded as written (no contraction left to nvcc).
+__device__ __forceinline__ float swiglu_fwd_one(float g, float u, float& p, float& q) {
+  const float sig = sigmoid_(g);
+  q = __fmul_rn(g, sig);  // silu(g)
+  p = __fmul_rn(u, __fmul_rn(sig, __fmaf_rn(g, __fsub_rn(1.0f, sig), 1.0f)));  // rounding fixed: one bits everywhere
+  return __fmul_rn(q, u);
+}
+
+// SwiGLU backward of one element: da (fp32) the gradient of a = silu(g) * u; p, q the forward's factors (fp32).
+// dg = bf16(da * p), du = bf16(da * q).
+__device__ __forceinline__ void swiglu_bwd_one(float da, float p, float q, __nv_bfloat16& dg, __nv_bfloat16& du) {
+  dg = __float2bfloat16_rn(__fmul_rn(da, p));
+  du = __float2bfloat16_rn(__fmul_rn(da, q));
 }
 
 }  // namespace mok
