@@ -136,7 +136,8 @@ class Method:
     def fwd_bwd(self):
         if self.name.startswith("mok"):
             y, ctx = mok.fast.forward(*(self.inp[a] for a in ARGS))
-            grads = mok.fast.backward(ctx, self.inp["dy"], weight_grad_dtype=self.wgrad)
+            # release_saved: what mok.MoE's eager training does (the context is read once)
+            grads = mok.fast.backward(ctx, self.inp["dy"], weight_grad_dtype=self.wgrad, release_saved=True)
             return y, grads[0]
         for v in self.leaves.values():
             if isinstance(v, torch.Tensor) and v.requires_grad:

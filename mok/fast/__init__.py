@@ -70,7 +70,8 @@ def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, route
                           routed_up, routed_down, dims, group)
 
 
-def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32, separate_gate_up_grads=False):
+def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32, separate_gate_up_grads=False,
+             release_saved=False):
     """MoE backward.
 
     Args:
@@ -81,6 +82,10 @@ def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32, separate_
         separate_gate_up_grads: False (default): where gate and up were the halves of one [gate; up] tensor,
             their gradients are the halves of one new [gate; up] tensor too (the weights' layout); True: always
             two contiguous tensors.
+        release_saved: False (default): `ctx` stays whole (backward may run on it again); True: the context's
+            largest tensors are freed as soon as they are read for the last time (o after the pre-combine, the
+            saved SwiGLU factors [p | q] fp32 [R, 2I] after the d_a step), lowering the backward's peak memory,
+            and `ctx` is spent. `mok.nn` / `mok.MoE` pass True in eager autograd unless the graph is retained.
     Returns:
         (d_x [T,H] bf16, d_topk_weight [T,K] fp32, d_routed_gate [E,I,H], d_routed_up [E,I,H],
          d_routed_down [E,H,I], d_shared_gate [S,H] | None, d_shared_up [S,H] | None,
@@ -89,20 +94,25 @@ def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32, separate_
     if not isinstance(ctx, FastContext):
         raise ValueError(f"ctx: expected the FastContext from mok.fast.forward, got {type(ctx).__name__}")
     if not isinstance(ctx, EPContext):
-        _check_backward_args(ctx, dy, weight_grad_dtype, separate_gate_up_grads)
-        return run_backward(ctx, dy, weight_grad_dtype, separate_gate_up_grads)
+        _check_backward_args(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
+        return run_backward(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
     err = None
     try:
-        _check_backward_args(ctx, dy, weight_grad_dtype, separate_gate_up_grads)
+        _check_backward_args(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
     except (TypeError, ValueError) as e:  # raised on every rank by the pre-flight
         err = e
     preflight("backward", err, [backend_fact("fast")], ctx.group)
-    return run_backward_ep(ctx, dy, weight_grad_dtype, separate_gate_up_grads)
+    return run_backward_ep(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
 
 
-def _check_backward_args(ctx: FastContext, dy, weight_grad_dtype, separate_gate_up_grads) -> None:
+def _check_backward_args(ctx: FastContext, dy, weight_grad_dtype, separate_gate_up_grads, release_saved) -> None:
     if weight_grad_dtype not in (torch.float32, torch.bfloat16):
         raise TypeError(f"weight_grad_dtype: expected torch.float32 or torch.bfloat16, got {weight_grad_dtype}")
     if not isinstance(separate_gate_up_grads, bool):
         raise TypeError(f"separate_gate_up_grads: expected a bool, got {separate_gate_up_grads!r}")
+    if not isinstance(release_saved, bool):
+        raise TypeError(f"release_saved: expected a bool, got {release_saved!r}")
+    if ctx.pq_R2I.untyped_storage().nbytes() == 0 and ctx.pq_R2I.numel() > 0:
+        raise ValueError("ctx: spent by an earlier backward with release_saved=True (its saved tensors are freed); "
+                         "run the forward again")
     check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)

@@ -8,7 +8,9 @@ stream meanwhile, and that copy freed once the GEMM is queued) -> d_x combine (f
 ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs, gate/up then down with [dg | du]
 freed in between (fp32 accumulators reduced over the expert's rows in canonical order, one CTA per output tile;
 gate/up gradients as halves of one buffer where the weights are) -> zero empty experts -> NaN poison of every
-output if the routing flag is set.
+output if the routing flag is set. With release_saved (`mok.nn`'s eager backward, when autograd keeps no graph),
+o and [p | q] are freed once read, and a concatenation of separate gate and up tensors is made while the
+down-weight gradients run instead, so that it never lives beside [p | q].
 """
 from __future__ import annotations
 
@@ -211,18 +213,20 @@ def down_weight_grads(ctx: FastContext, dy, go_RH, shared: bool, dtype=torch.flo
     return d_rd, d_sd
 
 
-def weight_grads(ctx: FastContext, dy, go_RH, grads_of: list, dtype=torch.float32, separate: bool = False):
+def weight_grads(ctx: FastContext, dy, go_RH, grads_of: list, dtype=torch.float32, separate: bool = False,
+                 down: tuple | None = None):
     """(d_rg, d_ru [E, I, H], d_rd [E, H, I], d_sg, d_su [S, H], d_sd [H, S] or None) in `dtype`; experts with no
     rows get zeros. grads_of: [dgu, dgu_s] (dgu_s None: no shared-expert gradients), emptied here so that the
     gate/up gradients' inputs are freed before the down gradient's buffer is allocated (the caller must hold no
     other reference): the layer's peak memory is then one [R, 2I] bf16 buffer lower. separate: as
-    `gate_up_weight_grads`."""
+    `gate_up_weight_grads`. down: (d_rd, d_sd) from `down_weight_grads` when the caller has run it already (go_RH
+    is then not read)."""
     dgu, dgu_s = grads_of
     grads_of.clear()
     shared = dgu_s is not None
     d_rg, d_ru, d_sg, d_su = gate_up_weight_grads(ctx, dgu, dgu_s, dtype, separate)
     del dgu, dgu_s
-    d_rd, d_sd = down_weight_grads(ctx, dy, go_RH, shared, dtype)
+    d_rd, d_sd = down if down is not None else down_weight_grads(ctx, dy, go_RH, shared, dtype)
     for g in whole_buffers(d_rg, d_ru, d_rd):
         _lib.zero_empty(g, ctx.sched.offsets, ctx.dims.E, ctx.sched.flag)
     return d_rg, d_ru, d_rd, d_sg, d_su, d_sd
@@ -238,9 +242,21 @@ def whole_buffers(d_rg, d_ru, d_rd, d_sg=None, d_su=None, d_sd=None) -> list:
     return [t for t in (*out, d_rd, d_sd) if t is not None]
 
 
-def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate_gate_up_grads: bool = False):
+def release(*tensors) -> None:
+    """Free the memory of context tensors the backward has read for the last time (`release_saved`): each storage is
+    resized to 0 bytes, so every tensor on it (autograd's saved one too) holds no data afterwards. Stream-ordered as
+    a `del`: the caching allocator hands the block out again only to work queued after the reads on this stream."""
+    for t in tensors:
+        if t is not None:
+            t.untyped_storage().resize_(0)
+
+
+def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate_gate_up_grads: bool = False,
+                 release_saved: bool = False):
     """Gradients in the reference's order: d_x, d_topk_weight, routed gate/up/down, shared gate/up/down
-    (weight gradients in `weight_grad_dtype`)."""
+    (weight gradients in `weight_grad_dtype`). release_saved: free o once the pre-combine has read it and [p | q]
+    once the d_a step has (`release`; `ctx` is spent), and where gate and up must be concatenated, make that copy
+    on the side stream while the down-weight gradients run, before the d_x GEMM (the same bits in either order)."""
     d: Dims = ctx.dims
     rg, ru, rd, sg, su, sd = ctx.weights
     dev, sched = dy.device, ctx.sched
@@ -248,12 +264,25 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
     # Buffers used on both streams are allocated on the main one; every side-stream use is ordered
     # before the main stream's later work (main.wait_stream(side)), so none is reused too early.
     main, side = torch.cuda.current_stream(dev), _side_stream(dev)
-    w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side)  # a concatenation overlaps pre-combine, d_a, SwiGLU bwd
+    concat_late = release_saved and (stacked_gate_up(rg, ru) is None or
+                                     (sg is not None and stacked_gate_up(sg, su) is None))
+    if not concat_late:  # a concatenation overlaps pre-combine, d_a, SwiGLU bwd
+        w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side)
 
     d_w = _empty(dev, torch.float32, d.T, d.K)
     go_RH = _empty(dev, torch.bfloat16, R, d.H)
     _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, sched.pair_row, sched.flag, d_w, go_RH)
+    if release_saved:
+        release(ctx.o_RH)
     dgu, dgu_s = d_act_swiglu(ctx, dy, go_RH, rd, sd)
+    down = None
+    if release_saved:
+        release(ctx.pq_R2I, ctx.pq_s_T2S)
+    if concat_late:  # the concatenation overlaps the down-weight gradients, after [p | q] is freed
+        w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side)
+        down = down_weight_grads(ctx, dy, go_RH, dgu_s is not None, weight_grad_dtype)
+        release(ctx.a_RI, ctx.a_s_TS)
+        del go_RH
     main.wait_stream(side)
     dx_RH, dxs = d_input_rows(ctx, dgu, dgu_s, w_gu, w_gu_s)
     del w_gu, w_gu_s  # a concatenation ([E, 2I, H] bf16) is free for the weight gradients' buffers
@@ -263,7 +292,8 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
         _lib.combine_bwd_dx(dxs, dx_RH, sched.pair_row, sched.flag, d.K, d_x)
     grads_of = [dgu, dgu_s]
     del dgu, dgu_s  # weight_grads frees them once the gate/up gradients are done
-    grads = weight_grads(ctx, dy, go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads)
+    grads = weight_grads(ctx, dy, None if down else go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads,
+                         down)
     main.wait_stream(side)
     for g in whole_buffers(*grads):
         _lib.poison(g, sched.flag)

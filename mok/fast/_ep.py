@@ -25,8 +25,8 @@ import torch
 
 from ..reference import Dims
 from . import _ep_buffer, _lib, _lib_ep, _tiles
-from ._backward import (d_act_swiglu, d_input_rows, gate_up_weights, shared_down_segment, shared_gate_up_segments,
-                        weight_grads, wgrad_kind, whole_buffers)
+from ._backward import (d_act_swiglu, d_input_rows, gate_up_weights, release, shared_down_segment,
+                        shared_gate_up_segments, weight_grads, wgrad_kind, whole_buffers)
 from ._forward import FastContext, Schedule, _empty, down, gate_up, swiglu
 
 FWD_PUBLISHED, FWD_PUSHED, BWD_PUBLISHED, BWD_PUSHED, BWD_SHARED = range(_ep_buffer.PHASES)
@@ -122,9 +122,11 @@ def shared_weight_grads(buf, d: Dims, rows_all: dict, dtype):
     return d_sg, d_su, d_sd
 
 
-def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separate_gate_up_grads: bool = False):
+def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separate_gate_up_grads: bool = False,
+                    release_saved: bool = False):
     """Gradients in the reference's order (this rank's d_x, d_topk_weight, its local experts' weight
-    gradients, the shared expert's full weight gradients)."""
+    gradients, the shared expert's full weight gradients). release_saved: as `_backward.run_backward` (o and
+    [p | q] freed once read; the concatenation is made after the d_a step here in any case)."""
     d, buf = ctx.dims, ctx.buf
     W, T, K, H, L, S = d.W, d.T, d.K, d.H, d.L, d.S
     rg, ru, rd, sg, su, sd = ctx.weights
@@ -136,9 +138,13 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separat
 
     d_w = _empty(dev, torch.float32, T, K)
     _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, buf.ident, sched.flag, d_w, buf.local["go"])
+    if release_saved:
+        release(ctx.o_RH)
     dgu_s = None
     if S:
         _, dgu_s = d_act_swiglu(lctx, dy, None, rd, sd)
+        if release_saved:
+            release(ctx.pq_s_T2S)
         for name, t in (("x_b", ctx.x_TH), ("dy", dy), ("a_s", ctx.a_s_TS), ("dg_s", dgu_s)):
             buf.local[name].copy_(t)
     _sync_phase(buf, BWD_PUBLISHED, buf.epoch_bwd)
@@ -147,6 +153,8 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separat
     _lib_ep.ep_gather_rows(buf.tables["go"], T * K, 1, sched.row_pair, sched.offsets, L, go_RH)
     rows_all = _shared_rows_all(buf, S, W, T, H, dev) if S else None  # read before phase 3 lets ranks move on
     dgu, _ = d_act_swiglu(lctx, None, go_RH, rd, sd)
+    if release_saved:
+        release(ctx.pq_R2I)
     w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su)  # a concatenation lives only for the d_x GEMM
     dx_RH, dxs = d_input_rows(lctx, dgu, dgu_s, w_gu, w_gu_s)
     del w_gu, w_gu_s

@@ -104,14 +104,18 @@ def _(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate
     return [y, *casts, *saved]
 
 
-def _moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
-            shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
-            routed_down: Tensor, saved: list[Tensor], group_name: Optional[str], backend: str,
-            recompute: bool, bf16_weight_grads: bool, stacked_shared: bool, stacked_routed: bool) -> list[Tensor]:
+def _moe_bwd_body(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
+                  shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
+                  routed_down: Tensor, saved: list[Tensor], group_name: Optional[str], backend: str,
+                  recompute: bool, bf16_weight_grads: bool, stacked_shared: bool, stacked_routed: bool,
+                  release_saved: bool = False) -> list[Tensor]:
     """[d_x, d_topk_weight, d_routed_gate, d_routed_up, d_routed_down, d_shared_gate, d_shared_up,
     d_shared_down] from bf16 x and weights; weight grads fp32, or bf16 (the fp32 values rounded once) when
     `bf16_weight_grads`; shared ones empty [0] without a shared expert. stacked_shared / stacked_routed: gate
-    and up are the halves of one stacked tensor: d_gate is then the stacked [d_gate; d_up] and d_up empty [0]."""
+    and up are the halves of one stacked tensor: d_gate is then the stacked [d_gate; d_up] and d_up empty [0].
+    release_saved: the fast backend frees the saved context's largest tensors once read (`mok.fast.backward`);
+    only the eager path asks, when autograd will not run this backward again (`_release_saved`); the registered
+    op `moe_bwd` never does."""
     shared, routed = (shared_gate, shared_up, shared_down), (routed_gate, routed_up, routed_down)
     group = _group(group_name)
     impl = _impl(backend)
@@ -122,7 +126,8 @@ def _moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, share
     wdt = torch.bfloat16 if bf16_weight_grads else torch.float32
     if backend == "fast":  # writes bf16 weight gradients straight from its GEMMs
         # separate gate and up inputs get two gradient tensors (never aliasing outputs), a stacked one one buffer
-        grads = list(impl.backward(ctx, dy, weight_grad_dtype=wdt, separate_gate_up_grads=not stacked_routed))
+        grads = list(impl.backward(ctx, dy, weight_grad_dtype=wdt, separate_gate_up_grads=not stacked_routed,
+                                   release_saved=release_saved))
     else:
         grads = list(impl.backward(ctx, dy))
         grads[2:] = [g.to(wdt) if g is not None else None for g in grads[2:]]
@@ -130,6 +135,16 @@ def _moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, share
         if stacked:
             grads[i], grads[i + 1] = _joined(grads[i], grads[i + 1]), None
     return [g if g is not None else _empty(wdt, x.device, 0) for g in grads]
+
+
+def _moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
+             shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
+             routed_down: Tensor, saved: list[Tensor], group_name: Optional[str], backend: str,
+             recompute: bool, bf16_weight_grads: bool, stacked_shared: bool, stacked_routed: bool) -> list[Tensor]:
+    """`_moe_bwd_body` keeping the saved context whole (the registered op mutates none of its inputs)."""
+    return _moe_bwd_body(dy, x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
+                         routed_down, saved, group_name, backend, recompute, bf16_weight_grads, stacked_shared,
+                         stacked_routed)
 
 
 moe_bwd = torch.library.custom_op("mok::moe_bwd", mutates_args=())(_moe_bwd)
@@ -166,6 +181,14 @@ def _moe_setup(ctx, inputs, output):
     ctx.args = (group_name, backend, recompute)
 
 
+def _release_saved() -> bool:
+    """Whether the backward running now may free the layer's saved context as it reads it: only when autograd
+    keeps no graph (no retain_graph / create_graph), so no later backward reads it again. The eager path alone
+    asks: a compiled graph's saved tensors belong to AOTAutograd, which may reuse their memory itself."""
+    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return keep is not None and not keep()
+
+
 def _moe_backward(ctx, grads, bwd=None):
     dy = grads[0]  # the casts and the saved context get no gradient
     if dy is None:
@@ -180,9 +203,10 @@ def _moe_backward(ctx, grads, bwd=None):
         rg, ru = _halves(rg, None)
     dt = ctx.dtypes
     bf16_grads = all(t in (None, torch.bfloat16) for t in dt[3:])  # every weight bf16: no fp32 gradients
+    release = {"release_saved": _release_saved()} if bwd is not None else {}  # the eager path's own body
     d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = (bwd or moe_bwd)(
         dy.contiguous(), x, idx, w, sg, su, sd, rg, ru, rd, saved, *ctx.args, bf16_grads, stacked_shared,
-        stacked_routed)
+        stacked_routed, **release)
 
     def cast(i, g):  # the gradient of input i in its dtype (None when that input was None)
         return None if dt[i] is None else g.to(dt[i])
@@ -192,7 +216,8 @@ def _moe_backward(ctx, grads, bwd=None):
 
 
 moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
-_Layer = eager_function("_Layer", _moe_fwd, _moe_setup, lambda ctx, *g, bwd: _moe_backward(ctx, g, bwd), _moe_bwd)
+_Layer = eager_function("_Layer", _moe_fwd, _moe_setup, lambda ctx, *g, bwd: _moe_backward(ctx, g, bwd),
+                        _moe_bwd_body)
 
 
 def _check_layer_options(backend, recompute) -> None:

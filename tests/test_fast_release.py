@@ -1,0 +1,116 @@
+"""The fast backward's release_saved (mok/fast/_backward.py `release`), on the CPU with tests/fast_emulator.py's
+kernels: freeing o and [p | q] once read, and making a [gate; up] concatenation only after that, leaves every output
+bitwise the same; the context is spent afterwards (a second backward is refused, naming ctx); the eager autograd
+path frees the saved context unless the graph is retained, and a retained graph's second backward gives the same
+bits. The GPU run of the same path: tests/gpu/test_fast_module.py and benchmarks/bench_moe.py's peak column."""
+import pytest
+import torch
+
+from mok.harness.bits import assert_bitwise_equal
+from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.harness.dist import launch
+
+CFG = MoEConfig(T=24, H=16, I=24, E=4, K=2, S=8)  # a shared expert, so its [p | q] and a_s are released too
+
+
+def _stacked(inputs: dict) -> dict:
+    """Gate and up (routed and shared) as the halves of one [gate; up] tensor: no concatenation in the backward."""
+    out = dict(inputs)
+    for gate, up, dim in (("routed_gate", "routed_up", 1), ("shared_gate", "shared_up", 0)):
+        out[gate], out[up] = torch.cat([inputs[gate], inputs[up]], dim).chunk(2, dim)
+    return out
+
+
+def _direct(rank, world_size, group, inputs, stacked):
+    """mok.fast.backward without and with release_saved on two forwards of the same inputs: (outputs of each,
+    what was freed, whether [p | q] was still alive when gate and up were concatenated, the spent ctx's error)."""
+    import fast_emulator
+
+    import mok.fast
+    from mok.fast import _backward
+
+    fast_emulator.install()
+    fast_emulator.stub_streams()
+    inp = _stacked(inputs) if stacked else inputs
+    args = [inp[a] for a in LAYER_ARGS]
+    y, ctx = mok.fast.forward(*args)
+    keep = mok.fast.backward(ctx, inp["dy"])
+    again = mok.fast.backward(ctx, inp["dy"])  # without release_saved the context stays whole
+    y2, ctx2 = mok.fast.forward(*args)
+    concat_saw = []
+    concat = _backward._concat
+
+    def watch(*a):
+        concat_saw.append(ctx2.pq_R2I.untyped_storage().nbytes())
+        concat(*a)
+    _backward._concat = watch
+    rel = mok.fast.backward(ctx2, inp["dy"], release_saved=True)
+    freed = {name: getattr(ctx2, name).untyped_storage().nbytes() == 0
+             for name in ("o_RH", "pq_R2I", "pq_s_T2S", "a_RI", "a_s_TS", "x_RH")}
+    try:
+        mok.fast.backward(ctx2, inp["dy"], release_saved=True)
+        err = None
+    except ValueError as e:
+        err = str(e)
+    clone = [(t.clone() if t is not None else None) for t in (y, *keep)]
+    return ([(t.clone() if t is not None else None) for t in (y, *again)], clone,
+            [(t.clone() if t is not None else None) for t in (y2, *rel)], freed, concat_saw, err)
+
+
+@pytest.mark.parametrize("stacked", [
+    False,  # separate gate and up: the concatenation is made after [p | q] is freed, beside the down gradients
+    True,   # halves of one tensor: no concatenation, the order unchanged
+])
+def test_release_keeps_every_output_and_spends_the_context(stacked):
+    again, keep, rel, freed, concat_saw, err = launch(_direct, (make_inputs(CFG, seed=31), stacked), 1,
+                                                      timeout_s=60)[0]
+    for name, a, b, c in zip(OUTPUT_NAMES, keep, again, rel, strict=True):
+        if a is not None:
+            assert_bitwise_equal(b, a, f"{name}: a second backward on a kept context")
+            assert_bitwise_equal(c, a, f"{name}: with release_saved")
+    assert freed["o_RH"] and freed["pq_R2I"] and freed["pq_s_T2S"], freed
+    assert not freed["x_RH"], "x rows are read by the last weight gradient: kept to the end"
+    assert freed["a_RI"] == (not stacked), freed  # a is freed early only where the down gradients move first
+    assert concat_saw == ([] if stacked else [0, 0]), concat_saw  # routed and shared: each after [p | q] was freed
+    assert err is not None and err.startswith("ctx: spent"), err
+
+
+def _via_op(rank, world_size, group, inputs, retain):
+    """ops.moe in eager autograd with bf16 leaves, recording the tensors it saves: (gradients of one backward, or of
+    two with retain_graph, and whether each saved fp32 [R, 2I] tensor still holds its bytes)."""
+    import fast_emulator
+
+    from mok.nn import ops
+
+    fast_emulator.install()
+    fast_emulator.stub_streams()
+    leaves = {a: (v.clone().requires_grad_(True) if v is not None and v.is_floating_point() else v)
+              for a, v in ((a, inputs[a]) for a in LAYER_ARGS)}
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = ops.moe(*leaves.values(), backend="fast")
+    R, I = CFG.T * CFG.K, CFG.I
+    pq = [t for t in saved if t.dtype == torch.float32 and tuple(t.shape) == (R, 2 * I)]
+    runs = []
+    for _ in range(2 if retain else 1):
+        for v in leaves.values():
+            if isinstance(v, torch.Tensor) and v.requires_grad:
+                v.grad = None
+        y.backward(inputs["dy"], retain_graph=retain)
+        runs.append({a: leaves[a].grad.clone() for a in ("x", "topk_weight", "routed_gate", "routed_down")})
+    return runs, len(pq), [t.untyped_storage().nbytes() > 0 for t in pq]
+
+
+def test_eager_autograd_frees_the_saved_context_unless_the_graph_is_retained():
+    inputs = make_inputs(CFG, seed=32)
+    once, n_pq, alive = launch(_via_op, (inputs, False), 1, timeout_s=60)[0]
+    assert n_pq == 1 and alive == [False], "the saved [p | q] is freed by the backward"
+    twice, n_pq, alive = launch(_via_op, (inputs, True), 1, timeout_s=60)[0]
+    assert n_pq == 1 and alive == [True], "retain_graph=True keeps it for the next backward"
+    for k in once[0]:
+        assert_bitwise_equal(twice[0][k], once[0][k], f"{k}: retained graph, first backward")
+        assert_bitwise_equal(twice[1][k], once[0][k], f"{k}: retained graph, second backward")
