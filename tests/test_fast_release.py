@@ -2,7 +2,7 @@
 kernels: freeing o and [p | q] once read, and making a [gate; up] concatenation only after that, leaves every output
 bitwise the same; the context is spent afterwards (a second backward is refused, naming ctx); the eager autograd
 path frees the saved context unless the graph is retained, and a retained graph's second backward gives the same
-bits. The GPU run of the same path: tests/gpu/test_fast_module.py and benchmarks/bench_moe.py's peak column."""
+bits. The GPU side: tests/gpu/test_fast_release_memory.py (the peak drops) and benchmarks/bench_moe.py's peak column."""
 import pytest
 import torch
 
