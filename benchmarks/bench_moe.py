@@ -207,8 +207,12 @@ def main() -> None:
         if a.methods == ap.get_default("methods"):
             a.methods = "mok,grouped_mm"
     configs = load_configs(SUITE if a.suite else CONFIGS)
-    if a.configs:
-        configs = [c for c in configs if c["name"] in a.configs.split(",")]
+    if a.configs:  # in the order given; a name the file does not hold is refused, not skipped
+        by_name = {c["name"]: c for c in configs}
+        unknown = [n for n in a.configs.split(",") if n not in by_name]
+        if unknown:
+            ap.error(f"--configs: no config {', '.join(map(repr, unknown))} in {(SUITE if a.suite else CONFIGS).name}")
+        configs = [by_name[n] for n in a.configs.split(",")]
     methods = a.methods.split(",")
     peak = bf16_peak_tflops()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, commit {git_rev()}, "

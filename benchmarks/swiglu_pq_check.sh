@@ -6,11 +6,13 @@
 #   2. energy_probe.py --preset issue13 twice for main and twice for the branch, alternating (main's tree and library
 #      against the branch's), plus the fused launch forced on for qwen3-30b-a3b and olmoe-1b-7b on the branch;
 #   3. the GPU tests on the branch.
-# Step `memory` instead (a second call): bench_moe.py --suite for mok (separate gate and up), mok_gu and the
-# grouped_mm path (time and the peak-memory column, with the backward's release_saved), and `mok verify`.
+# Step `second` instead (a second call, after the rule fused the d_a step at every I): the GPU tests,
+# energy_probe.py --preset issue13 (two rounds) with OLMoE-1B-7B and the fused kind's 2x1-cluster tile, and
+# bench_moe.py --suite for mok (separate gate and up), mok_gu and the grouped_mm path (time and peak memory, with
+# the backward's release_saved), shapes the rule changed first.
 # Usage (repo root of the branch; main's tree at .dev/main_tree, e.g. `git archive main | tar -x -C .dev/main_tree`;
 # libraries built from each tree at .build/main and .build/pq):
-#   BUDGET_S=560 bash benchmarks/swiglu_pq_check.sh [all|memory]
+#   BUDGET_S=560 bash benchmarks/swiglu_pq_check.sh [all|second]
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MAIN_TREE=${MAIN_TREE:-.dev/main_tree}
@@ -19,13 +21,22 @@ for f in "$PQ_LIB" "$MAIN_LIB" "$MAIN_TREE/mok/__init__.py"; do
   [ -f "$f" ] || { echo "missing $f"; exit 2; }
 done
 start=$(date +%s)
+# the shapes whose d_a step the run-27 rule moved to the fused launch (I <= 1024) first, then the rest
+SUITE_ORDER=qwen3-30b-a3b,olmoe-1b-7b,qwen1.5-moe-a2.7b,granite-3.0-3b-a800m,deepseek-v2-lite,gpt-oss-20b
+SUITE_ORDER=$SUITE_ORDER,gpt-oss-120b,qwen3-30b-a3b-t12345,deepseek-v2-lite-t1000,qwen3-235b-a22b,mixtral-8x7b
+SUITE_ORDER=$SUITE_ORDER,llama-4-scout,dsv3-ep8-slice,glm-4.5-air,phi-3.5-moe,mixtral-8x22b,mixtral-8x7b-t8000,dbrx
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
 date -u; nvidia-smi --query-gpu=name --format=csv,noheader
-if [ "${1:-all}" = memory ]; then
-  MOK_FAST_LIB=$PQ_LIB PYTHONPATH=$PWD timeout 300 python benchmarks/bench_moe.py --suite --weight-grads bf16 \
-    --methods mok,mok_gu,grouped_mm 2>&1 | grep -v -i warn | tee "$OUT/pq_suite_memory.log" | tail -30
-  MOK_FAST_LIB=$PQ_LIB PYTHONPATH=$PWD timeout $(( $(left) - 5 )) python -m mok.harness.cli verify --device cuda --no-progress 2>&1 \
-    | tee "$OUT/pq_verify.log" | tail -3
+if [ "${1:-all}" = second ]; then
+  MOK_FAST_LIB=$PQ_LIB PYTHONPATH=$PWD timeout 175 python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
+    | tee "$OUT/pq2_gpu_tests.log" | tail -3
+  V=MOK_FAST_GEMM_VARIANT=,,,,,,2,,  # the fused d_a kind (GEMM_NN_SWIGLU_BWD) in the 2x1-cluster ping-pong tile
+  MOK_FAST_LIB=$PQ_LIB PYTHONPATH=$PWD timeout 150 python benchmarks/energy_probe.py mok:olmoe-1b-7b \
+    "mok:olmoe-1b-7b+$V" "mok:dsv3-ep8-slice@S0+$V" --preset issue13 --rounds 2 --seconds 3 --cool 1.5 2>&1 \
+    | grep -v -i warn | tee "$OUT/pq2_energy.log" | tail -24
+  MOK_FAST_LIB=$PQ_LIB PYTHONPATH=$PWD timeout $(( $(left) - 5 )) python benchmarks/bench_moe.py --suite \
+    --weight-grads bf16 --methods mok,mok_gu,grouped_mm --configs "$SUITE_ORDER" 2>&1 | grep -v -i warn \
+    | tee "$OUT/pq2_suite.log" | tail -62
   date -u; exit 0
 fi
 

@@ -353,3 +353,14 @@ def test_saved_swiglu_dtype_scan_rounds_only_its_modes_inputs():
     r = subprocess.run([sys.executable, str(BENCH / "saved_swiglu_dtype_scan.py"), "bf16"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "MODE one of" in r.stderr
+
+
+def test_bench_moe_refuses_an_unknown_config_name_and_names_the_option():
+    """`bench_moe.py --configs` runs the configs in the order given; a name the shape file lacks is an error (exit 2,
+    naming --configs and the name), not a config silently skipped."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(BENCH / "bench_moe.py"), "--suite", "--configs", "qwen3-30b-a3b,nope-7b"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--configs: no config 'nope-7b' in suite.json" in r.stderr, r.stderr

@@ -76,15 +76,15 @@ def test_grouped_gemm_checks_the_aux_operand_before_any_launch(kind, aux):
 
 
 @pytest.mark.parametrize("text, I, S, want", [
-    (None, 768, 0, False),       # unset, Qwen3-30B-A3B: many small experts keep the pair (benchmarks/RESULTS.md run 16)
-    (None, 1024, 0, False),      # unset, OLMoE-1B-7B: I = SMALL_I is still small
-    (None, 1536, 1536, True),    # unset, mid-64e: large experts fuse (less energy a step)
+    (None, 768, 0, True),        # unset, Qwen3-30B-A3B: many small experts fuse too since [p | q] (RESULTS.md run 27)
+    (None, 1024, 0, True),       # unset, OLMoE-1B-7B
+    (None, 1536, 1536, True),    # unset, mid-64e: large experts fuse (less energy a step, run 16)
     (None, 14336, 0, True),      # unset, Mixtral-8x7B
-    (None, 1540, 0, False),      # unset, large but 8 does not split I: the kind cannot copy [g | u] in 16-byte chunks
+    (None, 1540, 0, False),      # unset, 8 does not split I: the kind cannot copy [p | q] in 16-byte chunks
     (None, 2048, 1028, False),   # ... nor S
     ("0", 14336, 0, False),      # forced off
     ("1", 768, 0, True),         # forced on
-    (" 1 ", 768, 0, True),       # surrounding blanks are fine
+    (" 0 ", 768, 0, False),      # surrounding blanks are fine
     ("1", 1540, 0, False),       # forced on, but the kind cannot run this I: the pair (same bits)
 ])
 def test_fuse_switch(monkeypatch, text, I, S, want):

@@ -16,16 +16,21 @@ Qwen3-30B-A3B, run 6; I = 1408 and 1536, GLM-4.5-Air and mid-64e: 0.4-0.9% faste
 else the cooperative 128x256 tile (I = 2048 a tie in run 16; Mixtral-8x7B's I = 14336, whose down and d_x
 reductions are long: each about 10% faster in it, run 6).
 
-Layers with large experts (I > SMALL_I) run the d_a GEMM with the SwiGLU backward in its epilogue
-(GEMM_NN_SWIGLU_BWD: [dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor
-read back by the swiglu_bwd kernel; the same bits) in the ping-pong tile without clusters, whose epilogue stages
-[g | u] through shared memory (csrc/epilogue_swiglu_bwd_staged.cuh) and overlaps the other warpgroup's mainloop.
-Alone it is faster than the pair (benchmarks/RESULTS.md run 15, `python benchmarks/bench_d_act.py`: 1.01 -> 1.00 ms
-on Qwen3-30B-A3B, 1.50 -> 1.20 on mid-64e, 3.85 -> 3.65 on the DeepSeek-V3 slice, 3.75 -> 3.14 on Mixtral-8x7B).
+Every layer (8 splitting I and S) runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD:
+[dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor read back by the
+swiglu_bwd kernel; the same bits) in the ping-pong tile without clusters, whose epilogue stages the forward's [p | q]
+through shared memory (csrc/epilogue_swiglu_bwd_staged.cuh) and overlaps the other warpgroup's mainloop. Since run 27
+the forward keeps [p | q] = [u * silu'(g) | silu(g)] instead of [g | u], so that epilogue is two products a pair:
+the d_a step alone went from 0.99 (the pair) to 0.79 ms on Qwen3-30B-A3B, 1.46 to 1.15 on OLMoE-1B-7B, 1.45 to 1.18
+on mid-64e, and whole steps of Qwen3-30B-A3B and OLMoE-1B-7B, which kept the pair until then (I <= 1024), 5-7%
+faster in a burst and 1.2-1.6% at steady state (benchmarks/RESULTS.md run 27). Before run 27 (the epilogue took
+the SiLU of the saved [g | u]), alone it was faster than the pair too (benchmarks/RESULTS.md run 15,
+`python benchmarks/bench_d_act.py`: 1.01 -> 1.00 ms on Qwen3-30B-A3B, 1.50 -> 1.20 on mid-64e, 3.85 -> 3.65 on the
+DeepSeek-V3 slice, 3.75 -> 3.14 on Mixtral-8x7B).
 A training step runs at the GPU's power limit, so what sets its speed is the energy a step takes: with steps back
 to back for seconds (`python benchmarks/energy_probe.py`, run 16) the fused launch takes 1.1-3.4% less energy per
 step and 0.7-2.0% less time on mid-64e, the DeepSeek-V3 slice and Mixtral-8x7B, and more of both on Qwen3-30B-A3B
-and OLMoE-1B-7B (I <= 1024), which keep the pair. It also saves that transient R x I x 4 bytes.
+and OLMoE-1B-7B (I <= 1024), which kept the pair. It also saves that transient R x I x 4 bytes.
 `MOK_FAST_FUSE_SWIGLU_BWD=1` / `=0` fuses wherever 8 splits I and S / nowhere.
 
 The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
@@ -65,7 +70,6 @@ HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPON
 # The rows and columns of output one cluster covers in the weight-gradient kinds' two candidate variants (CUTLASS's
 # group scheduler rounds each group's tiles up to whole clusters): 128x192 tiles in 2x1 clusters, 192x128 in 1x2.
 WGRAD_CLUSTER_MN = {PINGPONG_2X1: (256, 192), PINGPONG_TALL_1X2: (192, 256)}
-SMALL_I = 1024  # at or below: many small experts (Qwen3, OLMoE, DeepSeek-V2-Lite), the SwiGLU backward apart pays
 PINGPONG_MAX_I = 1536  # at or below: the row-tiled GEMMs' reductions (K = I or 2I) are short, ping-pong pays
 
 
@@ -95,13 +99,13 @@ def _parse(text: str) -> tuple[int | None, ...] | None:
 
 def fuse_swiglu_bwd(I: int, S: int) -> bool:
     """Whether a layer of routed and shared intermediate sizes I and S (0: none) runs the fused d_a + SwiGLU-backward
-    GEMM: when I > SMALL_I (large experts: less energy per step and faster under the power limit; many small experts:
-    slower), unless MOK_FAST_FUSE_SWIGLU_BWD says "1" (always) or "0" (never); never when 8 does not split I and S
-    (the kind copies [g | u] in 16-byte chunks). ValueError naming the variable for a value other than 0 or 1."""
+    GEMM: always (benchmarks/RESULTS.md run 27), unless MOK_FAST_FUSE_SWIGLU_BWD says "0" (never); never when 8 does
+    not split I and S (the kind copies [p | q] in 16-byte chunks). ValueError naming the variable for a value other
+    than 0 or 1."""
     forced = _switch(FUSE_ENV, None)
     if I % 8 or S % 8:
         return False
-    return I > SMALL_I if forced is None else forced
+    return True if forced is None else forced
 
 
 def _switch(name: str, default: bool | None) -> bool | None:
