@@ -6,8 +6,7 @@
 #   2. energy_probe.py --preset issue13 twice for main and twice for the branch, alternating (main's tree and library
 #      against the branch's), plus the fused launch forced on for qwen3-30b-a3b and olmoe-1b-7b on the branch;
 #   3. the GPU tests on the branch.
-# Step `second` instead (a second call, after the rule fused the d_a step at every I): the GPU tests,
-# energy_probe.py --preset issue13 with OLMoE-1B-7B and the fused kind's 2x1-cluster tile, and
+# Step `second` instead (a second call, after the rule fused the d_a step at every I): the GPU tests, then
 # bench_moe.py --suite for mok (separate gate and up), mok_gu and the grouped_mm path (time and peak memory, with
 # the backward's release_saved), shapes the rule changed first.
 # Usage (repo root of the branch; main's tree at .dev/main_tree, e.g. `git archive main | tar -x -C .dev/main_tree`;
@@ -30,10 +29,6 @@ date -u; nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "${1:-all}" = second ]; then
   MOK_FAST_LIB=$PQ_LIB PYTHONPATH=$PWD timeout 175 python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
     | tee "$OUT/pq2_gpu_tests.log" | tail -3
-  V=MOK_FAST_GEMM_VARIANT=,,,,,,2,,  # the fused d_a kind (GEMM_NN_SWIGLU_BWD) in the 2x1-cluster ping-pong tile
-  MOK_FAST_LIB=$PQ_LIB PYTHONPATH=$PWD timeout 110 python benchmarks/energy_probe.py mok:olmoe-1b-7b \
-    "mok:olmoe-1b-7b+$V" "mok:dsv3-ep8-slice@S0+$V" --preset issue13 --seconds 3 --cool 1.5 2>&1 \
-    | grep -v -i warn | tee "$OUT/pq2_energy.log" | tail -24
   MOK_FAST_LIB=$PQ_LIB PYTHONPATH=$PWD timeout $(( $(left) - 5 )) python benchmarks/bench_moe.py --suite \
     --weight-grads bf16 --methods mok,mok_gu,grouped_mm --configs "$SUITE_ORDER" 2>&1 | grep -v -i warn \
     | tee "$OUT/pq2_suite.log" | tail -62
