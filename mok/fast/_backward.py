@@ -282,7 +282,7 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
         w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side)
         down = down_weight_grads(ctx, dy, go_RH, dgu_s is not None, weight_grad_dtype)
         release(ctx.a_RI, ctx.a_s_TS)
-        del go_RH
+        go_RH = None  # read by nothing after the down gradients
     main.wait_stream(side)
     dx_RH, dxs = d_input_rows(ctx, dgu, dgu_s, w_gu, w_gu_s)
     del w_gu, w_gu_s  # a concatenation ([E, 2I, H] bf16) is free for the weight gradients' buffers
@@ -292,8 +292,7 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
         _lib.combine_bwd_dx(dxs, dx_RH, sched.pair_row, sched.flag, d.K, d_x)
     grads_of = [dgu, dgu_s]
     del dgu, dgu_s  # weight_grads frees them once the gate/up gradients are done
-    grads = weight_grads(ctx, dy, None if down else go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads,
-                         down)
+    grads = weight_grads(ctx, dy, go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads, down)
     main.wait_stream(side)
     for g in whole_buffers(*grads):
         _lib.poison(g, sched.flag)
