@@ -75,15 +75,17 @@ def test_release_keeps_every_output_and_spends_the_context(stacked):
     assert err is not None and err.startswith("ctx: spent"), err
 
 
-def _via_op(rank, world_size, group, inputs, retain):
+def _via_op(rank, world_size, group, inputs, retain, registered=False):
     """ops.moe in eager autograd with bf16 leaves, recording the tensors it saves: (gradients of one backward, or of
-    two with retain_graph, and whether each saved fp32 [R, 2I] tensor still holds its bytes)."""
+    two with retain_graph, and whether each saved fp32 [R, 2I] tensor still holds its bytes). registered: through
+    the registered custom ops (what torch.compile calls) instead of the eager path's autograd.Function."""
     import fast_emulator
 
-    from mok.nn import ops
+    from mok.nn import _op_common, ops
 
     fast_emulator.install()
     fast_emulator.stub_streams()
+    _op_common._EAGER = not registered
     leaves = {a: (v.clone().requires_grad_(True) if v is not None and v.is_floating_point() else v)
               for a, v in ((a, inputs[a]) for a in LAYER_ARGS)}
     saved = []
@@ -114,3 +116,14 @@ def test_eager_autograd_frees_the_saved_context_unless_the_graph_is_retained():
     for k in once[0]:
         assert_bitwise_equal(twice[0][k], once[0][k], f"{k}: retained graph, first backward")
         assert_bitwise_equal(twice[1][k], once[0][k], f"{k}: retained graph, second backward")
+
+
+def test_the_registered_op_keeps_the_saved_context():
+    """mok::moe_bwd, the op a compiled graph calls, frees nothing: AOTAutograd owns those saved tensors. The same
+    gradients as the eager path's."""
+    inputs = make_inputs(CFG, seed=32)
+    (eager,), _, _ = launch(_via_op, (inputs, False), 1, timeout_s=60)[0]
+    (got,), n_pq, alive = launch(_via_op, (inputs, False, True), 1, timeout_s=60)[0]
+    assert n_pq == 1 and alive == [True], "the registered op kept [p | q]"
+    for k in eager:
+        assert_bitwise_equal(got[k], eager[k], f"{k}: registered op against the eager path")
