@@ -52,9 +52,9 @@ def _direct(rank, world_size, group, inputs, stacked):
         err = None
     except ValueError as e:
         err = str(e)
-    clone = [(t.clone() if t is not None else None) for t in (y, *keep)]
-    return ([(t.clone() if t is not None else None) for t in (y, *again)], clone,
-            [(t.clone() if t is not None else None) for t in (y2, *rel)], freed, concat_saw, err)
+    def copies(*ts):
+        return [t.clone() if t is not None else None for t in ts]
+    return copies(y, *again), copies(y, *keep), copies(y2, *rel), freed, concat_saw, err
 
 
 @pytest.mark.parametrize("stacked", [

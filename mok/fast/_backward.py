@@ -242,11 +242,12 @@ def whole_buffers(d_rg, d_ru, d_rd, d_sg=None, d_su=None, d_sd=None) -> list:
     return [t for t in (*out, d_rd, d_sd) if t is not None]
 
 
-def release(*tensors) -> None:
-    """Free the memory of context tensors the backward has read for the last time (`release_saved`): each storage is
-    resized to 0 bytes, so every tensor on it (autograd's saved one too) holds no data afterwards. Stream-ordered as
-    a `del`: the caching allocator hands the block out again only to work queued after the reads on this stream."""
-    for t in tensors:
+def release(on: bool, *tensors) -> None:
+    """When `on` (the backward's release_saved), free the memory of context tensors the backward has read for the
+    last time: each storage is resized to 0 bytes, so every tensor on it (autograd's saved one too) holds no data
+    afterwards. Stream-ordered as a `del`: the caching allocator hands the block out again only to work queued after
+    the reads on this stream. None entries are skipped."""
+    for t in tensors if on else ():
         if t is not None:
             t.untyped_storage().resize_(0)
 
@@ -272,16 +273,14 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
     d_w = _empty(dev, torch.float32, d.T, d.K)
     go_RH = _empty(dev, torch.bfloat16, R, d.H)
     _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, sched.pair_row, sched.flag, d_w, go_RH)
-    if release_saved:
-        release(ctx.o_RH)
+    release(release_saved, ctx.o_RH)
     dgu, dgu_s = d_act_swiglu(ctx, dy, go_RH, rd, sd)
+    release(release_saved, ctx.pq_R2I, ctx.pq_s_T2S)
     down = None
-    if release_saved:
-        release(ctx.pq_R2I, ctx.pq_s_T2S)
     if concat_late:  # the concatenation overlaps the down-weight gradients, after [p | q] is freed
         w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side)
         down = down_weight_grads(ctx, dy, go_RH, dgu_s is not None, weight_grad_dtype)
-        release(ctx.a_RI, ctx.a_s_TS)
+        release(release_saved, ctx.a_RI, ctx.a_s_TS)
         go_RH = None  # read by nothing after the down gradients
     main.wait_stream(side)
     dx_RH, dxs = d_input_rows(ctx, dgu, dgu_s, w_gu, w_gu_s)

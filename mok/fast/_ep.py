@@ -138,13 +138,11 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separat
 
     d_w = _empty(dev, torch.float32, T, K)
     _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, buf.ident, sched.flag, d_w, buf.local["go"])
-    if release_saved:
-        release(ctx.o_RH)
+    release(release_saved, ctx.o_RH)
     dgu_s = None
     if S:
         _, dgu_s = d_act_swiglu(lctx, dy, None, rd, sd)
-        if release_saved:
-            release(ctx.pq_s_T2S)
+        release(release_saved, ctx.pq_s_T2S)
         for name, t in (("x_b", ctx.x_TH), ("dy", dy), ("a_s", ctx.a_s_TS), ("dg_s", dgu_s)):
             buf.local[name].copy_(t)
     _sync_phase(buf, BWD_PUBLISHED, buf.epoch_bwd)
@@ -153,8 +151,7 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separat
     _lib_ep.ep_gather_rows(buf.tables["go"], T * K, 1, sched.row_pair, sched.offsets, L, go_RH)
     rows_all = _shared_rows_all(buf, S, W, T, H, dev) if S else None  # read before phase 3 lets ranks move on
     dgu, _ = d_act_swiglu(lctx, None, go_RH, rd, sd)
-    if release_saved:
-        release(ctx.pq_R2I)
+    release(release_saved, ctx.pq_R2I)
     w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su)  # a concatenation lives only for the d_x GEMM
     dx_RH, dxs = d_input_rows(lctx, dgu, dgu_s, w_gu, w_gu_s)
     del w_gu, w_gu_s
