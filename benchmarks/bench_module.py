@@ -7,7 +7,9 @@ For each config, one forward+backward of:
                            grouped_mm path, a Switch load-balancing loss; bf16 parameters, autograd.
 Medians of CUDA-event timings in both modes of `bench_moe.timed`: "stream" (reps back to back, one
 host sync at the end: a training loop) and "sync" (host waits after each rep: an isolated call, CPU
-launch time included). module / layer is the cost of everything around the layer.
+launch time included). module / layer is the cost of everything around the layer. Peak GiB (bf16 parameters):
+the most a step allocated above what was resident before the module was made, so the module's parameters, their
+gradients and everything its step keeps count; x and dy (shared by all) do not.
 """
 from __future__ import annotations
 
@@ -65,6 +67,15 @@ def _plain_step(model, x, dy):
     ((y * dy).sum() + 0.01 * aux).backward()
 
 
+def step_peak_gib(step, before: int) -> float:
+    """GiB: the most one call of `step` allocates above `before` (bytes allocated before its module was made)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**30
+
+
 def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
     """Time the three per config; returns rows and prints one line each."""
     rows = []
@@ -76,12 +87,14 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
         dy = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16)
         res = {}
         for dtype in (torch.bfloat16, torch.float32):
+            before = torch.cuda.memory_allocated()
             torch.manual_seed(0)
             m = mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=dtype, device="cuda")
             assert m.backend_in_use == "fast", m.backend_reason
             for mode in ("stream", "sync"):
                 res[f"module {str(dtype)[6:]} {mode}"] = timed(lambda m=m: _module_step(m, x, dy), warmup, reps, mode)
             if dtype == torch.bfloat16:
+                mem = {"module": step_peak_gib(lambda m=m: _module_step(m, x, dy), before)}
                 with torch.no_grad():
                     r = m.route(x)
                 inp = {"x": x.detach(), "topk_idx": r.topk_idx, "topk_weight": r.topk_weight,
@@ -98,25 +111,29 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
                     res[f"layer {mode}"] = timed(layer, warmup, reps, mode)
             del m
             torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
         plain = PlainMoE(H, I, E, K, S, "cuda")
         for mode in ("stream", "sync"):
             res[f"plain {mode}"] = timed(lambda plain=plain: _plain_step(plain, x, dy), warmup, reps, mode)
+        mem["plain"] = step_peak_gib(lambda plain=plain: _plain_step(plain, x, dy), before)
         del plain
         torch.cuda.empty_cache()
         row = dict(config=c["name"], shape=f"{T},{H},{I},{E},{K},{S}", **{k: v for k, v in res.items()},
-                   tflops={k: flops / v / 1e9 for k, v in res.items()})
+                   tflops={k: flops / v / 1e9 for k, v in res.items()}, peak_gib=mem)
         rows.append(row)
-        print(f"  {c['name']:16s} " + "  ".join(f"{k} {v:.2f}" for k, v in res.items()), flush=True)
+        print(f"  {c['name']:16s} " + "  ".join(f"{k} {v:.2f}" for k, v in res.items())
+              + f"  peak GiB mok.MoE {mem['module']:.2f} plain {mem['plain']:.2f}", flush=True)
     for mode in ("stream", "sync"):
         print()
         print(f"timing mode: {mode}")
         print(f"| config (T,H,I,E,K,S) | mok.MoE fwd+bwd, bf16 params ms | fp32 params ms | mok.fast layer ms | "
               f"module / layer (bf16 / fp32) | plain PyTorch module ms | mok.MoE speedup vs plain (bf16 / fp32) | "
-              f"mok.MoE bf16 % of peak ({peak:.0f}) |")
-        print("|---|---|---|---|---|---|---|---|")
+              f"mok.MoE bf16 % of peak ({peak:.0f}) | peak GiB, mok.MoE bf16 / plain |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             mb, mf = r[f"module bfloat16 {mode}"], r[f"module float32 {mode}"]
             ly, pl = r[f"layer {mode}"], r[f"plain {mode}"]
             print(f"| {r['config']} ({r['shape']}) | {mb:.2f} | {mf:.2f} | {ly:.2f} | {mb / ly:.3f} / {mf / ly:.3f} | "
-                  f"{pl:.2f} | {pl / mb:.2f}x / {pl / mf:.2f}x | {100 * r['tflops'][f'module bfloat16 {mode}'] / peak:.0f}% |")
+                  f"{pl:.2f} | {pl / mb:.2f}x / {pl / mf:.2f}x | {100 * r['tflops'][f'module bfloat16 {mode}'] / peak:.0f}% | "
+                  f"{r['peak_gib']['module']:.2f} / {r['peak_gib']['plain']:.2f} |")
     return rows

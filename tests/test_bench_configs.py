@@ -364,3 +364,27 @@ def test_bench_moe_refuses_an_unknown_config_name_and_names_the_option():
     r = subprocess.run([sys.executable, str(BENCH / "bench_moe.py"), "--suite", "--configs", "qwen3-30b-a3b,nope-7b"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--configs: no config 'nope-7b' in suite.json" in r.stderr, r.stderr
+
+
+def test_main_check_run28_workloads_parse_and_configs_cover_the_suite(tmp_path):
+    """Run 28's device calls: the energy step's extra workloads parse (the fused d_a kind forced to variant 2 only),
+    and the suite step names every suite shape once."""
+    import os
+    import subprocess
+
+    parse, configs = _energy_probe()
+
+    def step(name):
+        r = subprocess.run(["bash", str(BENCH / "main_check_run28.sh"), name], capture_output=True, text=True,
+                           cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+
+    parsed = [parse(s, configs) for s in step("workloads")]
+    forced = [env["MOK_FAST_GEMM_VARIANT"] for _, _, env in parsed if env]
+    assert forced and all(v.split(",") == [""] * 6 + ["2", "", ""] for v in forced), forced
+    names = step("configs")[0].split(",")
+    suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
+    assert len(names) == len(set(names)) and set(names) == suite, sorted(suite ^ set(names))
+    module = step("module-configs")[0].split(",")
+    assert len(module) == 5 and set(module) <= suite, module
