@@ -8,7 +8,8 @@
 #            path: time and peak memory with the backward's release_saved, the shapes with the largest
 #            concatenation first;
 #   module   bench_moe.py --module on five suite shapes: what a user runs (mok.MoE: router, losses, layer) against a
-#            plain PyTorch module, time and each step's peak memory.
+#            plain PyTorch module, time and each step's peak memory;
+#   profile  profile_fast.py, one process per shape of docs/fast_path.md's per-stage table.
 # Printing steps for the CPU check (tests/test_bench_configs.py): `workloads`, `configs`, `module-configs`.
 # Usage (repo root, a library built from this tree):
 #   MOK_FAST_LIB=$PWD/.build/cur/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run28.sh tests energy suite
@@ -40,7 +41,11 @@ for step in "$@"; do
     module) echo "== module ($(left) s left)"
             timeout $(( $(left) - 5 )) python benchmarks/bench_moe.py --module --suite --configs "$MODULE_CONFIGS" 2>&1 \
               | grep -v -i warn | tee "$OUT/module.log" | tail -20;;
+    profile) echo "== profile ($(left) s left)"
+             for c in qwen3-30b-a3b mid-64e olmoe-1b-7b dsv3-ep8-slice mixtral-8x7b; do
+               timeout 60 python benchmarks/profile_fast.py $c 2>&1 | grep -v -i warn
+             done > "$OUT/profile.log"; grep -c "cutlass" "$OUT/profile.log";;
     *) echo "unknown step $step"; exit 2;;
   esac
-  case $step in tests|energy|suite|module) date -u;; esac
+  case $step in tests|energy|suite|module|profile) date -u;; esac
 done
