@@ -154,6 +154,26 @@ def peak_gib(max_allocated: int, resident: int, input_bytes: int) -> float:
     return (max_allocated - resident + input_bytes) / 2**30
 
 
+def losses(rows: list[dict]) -> list[str]:
+    """Two lines: where a mok method (mok, mok_gu) is slower than a peer (a method not named mok*) of the same config
+    and routing, forward or forward+backward, and where its peak memory is higher; "none" when nowhere."""
+    slower, bigger = [], []
+    for m in rows:
+        if not m["method"].startswith("mok"):
+            continue
+        for p in rows:
+            if p["method"].startswith("mok") or (p["config"], p["routing"]) != (m["config"], m["routing"]):
+                continue
+            lost = [name for name, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fb_ms")) if p[key] < m[key]]
+            where = f"{m['config']} {m['routing']} {m['method']} vs {p['method']}"
+            if lost:
+                slower.append(f"{where} ({', '.join(lost)})")
+            if p["peak_gib"] < m["peak_gib"]:
+                bigger.append(f"{where} ({m['peak_gib']:.2f} against {p['peak_gib']:.2f} GiB)")
+    return [f"mok slower than a peer on: {', '.join(slower) or 'none'}",
+            f"mok's peak memory above a peer's on: {', '.join(bigger) or 'none'}"]
+
+
 def oracle(inp: dict):
     """fp32 plain implementation (per-expert matmuls, TF32 off): y and d_x."""
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -258,7 +278,7 @@ def main() -> None:
                                  fwd_tflops=fwd_flops / t_f / 1e9, fb_tflops=3 * fwd_flops / t_fb / 1e9,
                                  peak_gib=mem, err_y=ey, err_dx=edx))
                 print(f"  {c['name']:16s} {routing:7s} {m:10s} fwd {t_f:8.2f} ms  fwd+bwd {t_fb:8.2f} ms  "
-                      f"y err {ey:.1e} dx err {edx:.1e}  peak {mem:.1f} GiB", flush=True)
+                      f"y err {ey:.1e} dx err {edx:.1e}  peak {mem:.2f} GiB", flush=True)
                 del meth
                 torch.cuda.empty_cache()
             del inp
@@ -267,17 +287,14 @@ def main() -> None:
     print(f"| config | routing | method | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | % of peak ({peak:.0f}) "
           f"| time ratio mok/this (fwd / fwd+bwd) | peak GiB |")
     print("|---|---|---|---|---|---|---|---|---|")
-    slower = []
     for r in rows:
         mk = next((q for q in rows if q["config"] == r["config"] and q["routing"] == r["routing"]
                    and q["method"] == "mok"), None)
         sp = f"{mk['fwd_ms'] / r['fwd_ms']:.2f} / {mk['fb_ms'] / r['fb_ms']:.2f}" if mk else "-"
         print(f"| {r['config']} | {r['routing']} | {r['method']} | {r['fwd_ms']:.2f} | {r['fb_ms']:.2f} | "
-              f"{r['fb_tflops']:.0f} | {100 * r['fb_tflops'] / peak:.0f}% | {sp} | {r['peak_gib']:.1f} |")
-        lost = [p for p, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fb_ms")) if mk is not None and r[key] < mk[key]]
-        if lost:
-            slower.append(f"{r['config']} {r['routing']} vs {r['method']} ({', '.join(lost)})")
-    print(f"\nmok slower than another method on: {', '.join(slower) if slower else 'none'}")
+              f"{r['fb_tflops']:.0f} | {100 * r['fb_tflops'] / peak:.0f}% | {sp} | {r['peak_gib']:.2f} |")
+    print()
+    print("\n".join(losses(rows)))
     if a.json:
         Path(a.json).write_text(json.dumps(dict(peak_tflops=peak, timing=a.timing, rows=rows), indent=1))
 

@@ -4,13 +4,16 @@
 #   tests    python -m pytest tests/gpu (the new default had not run the whole GPU suite);
 #   energy   energy_probe.py --preset issue13 in two rounds, with the fused d_a kind in the 2x1-cluster ping-pong
 #            tile (variant 2) beside the rule's on the two shapes where it was faster alone (run 27's bench_d_act);
+#   preset   energy_probe.py --preset issue13 alone, two rounds;
 #   suite    bench_moe.py --suite for mok (separate gate and up), mok_gu (one [gate; up] tensor) and the grouped_mm
 #            path: time and peak memory with the backward's release_saved, the shapes with the largest
 #            concatenation first;
+#   suite-peak  the same on the eight shapes whose peak sits at the down gradients (since the backward frees the d_x
+#            rows and the x rows before those), stacked ones first;
 #   module   bench_moe.py --module on five suite shapes: what a user runs (mok.MoE: router, losses, layer) against a
 #            plain PyTorch module, time and each step's peak memory;
 #   profile  profile_fast.py, one process per shape of docs/fast_path.md's per-stage table.
-# Printing steps for the CPU check (tests/test_bench_configs.py): `workloads`, `configs`, `module-configs`.
+# Printing steps for the CPU check (tests/test_bench_configs.py): `workloads`, `configs`, `module-configs`, `peak-configs`.
 # Usage (repo root, a library built from this tree):
 #   MOK_FAST_LIB=$PWD/.build/cur/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run28.sh tests energy suite
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
@@ -21,6 +24,7 @@ WORKLOADS="mok:olmoe-1b-7b mok:olmoe-1b-7b$DA_V2 mok:dsv3-ep8-slice@S0$DA_V2"
 CONFIGS=mixtral-8x7b,llama-4-scout,qwen1.5-moe-a2.7b,dbrx,mixtral-8x7b-t8000,mixtral-8x22b,phi-3.5-moe,gpt-oss-20b
 CONFIGS=$CONFIGS,deepseek-v2-lite,gpt-oss-120b,qwen3-30b-a3b,qwen3-30b-a3b-t12345,olmoe-1b-7b,granite-3.0-3b-a800m
 CONFIGS=$CONFIGS,qwen3-235b-a22b,deepseek-v2-lite-t1000,dsv3-ep8-slice,glm-4.5-air
+PEAK_CONFIGS=llama-4-scout,dbrx,phi-3.5-moe,glm-4.5-air,mixtral-8x22b,qwen3-235b-a22b,gpt-oss-120b,mixtral-8x7b
 MODULE_CONFIGS=mixtral-8x7b,qwen3-30b-a3b,olmoe-1b-7b,dsv3-ep8-slice,deepseek-v2-lite-t1000
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
@@ -29,15 +33,23 @@ for step in "$@"; do
     workloads) echo $WORKLOADS;;
     configs) echo $CONFIGS;;
     module-configs) echo $MODULE_CONFIGS;;
+    peak-configs) echo $PEAK_CONFIGS;;
     tests) date -u; nvidia-smi --query-gpu=name --format=csv,noheader
-           timeout $(( $(left) < 200 ? $(left) : 200 )) python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
+           timeout $(( $(left) < ${TESTS_S:-200} ? $(left) : ${TESTS_S:-200} )) python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
              | tee "$OUT/gpu_tests.log" | tail -3;;
     energy) echo "== energy ($(left) s left)"
             timeout $(( $(left) < 230 ? $(left) : 230 )) python benchmarks/energy_probe.py $WORKLOADS --preset issue13 \
               --seconds 3 --cool 1.5 --rounds 2 2>&1 | grep -v -i warn | tee "$OUT/energy_issue13.log" | tail -24;;
+    preset) echo "== preset ($(left) s left)"
+            timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py --preset issue13 --seconds 3 --cool 1.5 \
+              --rounds 2 2>&1 | grep -v -i warn | tee "$OUT/energy_preset.log" | tail -16;;
     suite) echo "== suite ($(left) s left)"
            timeout $(( $(left) - 5 )) python benchmarks/bench_moe.py --suite --weight-grads bf16 \
              --methods mok,mok_gu,grouped_mm --configs "$CONFIGS" 2>&1 | grep -v -i warn | tee "$OUT/suite.log" | tail -64;;
+    suite-peak) echo "== suite-peak ($(left) s left)"
+                timeout $(( $(left) < 240 ? $(left) : 240 )) python benchmarks/bench_moe.py --suite --weight-grads bf16 \
+                  --methods mok,mok_gu,grouped_mm --configs "$PEAK_CONFIGS" 2>&1 | grep -v -i warn \
+                  | tee "$OUT/suite_peak.log" | tail -30;;
     module) echo "== module ($(left) s left)"
             timeout $(( $(left) - 5 )) python benchmarks/bench_moe.py --module --suite --configs "$MODULE_CONFIGS" 2>&1 \
               | grep -v -i warn | tee "$OUT/module.log" | tail -20;;
@@ -47,5 +59,5 @@ for step in "$@"; do
              done > "$OUT/profile.log"; grep -c "cutlass" "$OUT/profile.log";;
     *) echo "unknown step $step"; exit 2;;
   esac
-  case $step in tests|energy|suite|module|profile) date -u;; esac
+  case $step in tests|energy|preset|suite|suite-peak|module|profile) date -u;; esac
 done

@@ -388,3 +388,22 @@ def test_main_check_run28_workloads_parse_and_configs_cover_the_suite(tmp_path):
     assert len(names) == len(set(names)) and set(names) == suite, sorted(suite ^ set(names))
     module = step("module-configs")[0].split(",")
     assert len(module) == 5 and set(module) <= suite, module
+    peak = step("peak-configs")[0].split(",")
+    assert len(peak) == len(set(peak)) == 8 and set(peak) <= suite, peak
+
+
+def test_bench_moe_losses_name_only_peers_and_the_peak_memory():
+    """bench_moe's closing lines compare each mok method with the peers only (mok_gu is the same layer, not a
+    peer), on time forward and forward+backward, and on peak memory."""
+    import sys
+    sys.path.insert(0, str(BENCH))
+    from bench_moe import losses
+
+    def row(method, fwd, fb, gib, config="a"):
+        return dict(config=config, routing="random", method=method, fwd_ms=fwd, fb_ms=fb, peak_gib=gib)
+    rows = [row("mok", 1.0, 3.0, 2.0), row("mok_gu", 0.9, 3.5, 1.0), row("grouped_mm", 1.1, 3.2, 1.5),
+            row("mok", 1.0, 3.0, 2.0, "b"), row("grouped_mm", 2.0, 4.0, 3.0, "b")]
+    slower, bigger = losses(rows)
+    assert slower == "mok slower than a peer on: a random mok_gu vs grouped_mm (fwd+bwd)", slower
+    assert bigger == "mok's peak memory above a peer's on: a random mok vs grouped_mm (2.00 against 1.50 GiB)", bigger
+    assert losses(rows[3:]) == ["mok slower than a peer on: none", "mok's peak memory above a peer's on: none"]

@@ -1,8 +1,10 @@
 """The fast backward's release_saved (mok/fast/_backward.py `release`), on the CPU with tests/fast_emulator.py's
-kernels: freeing o and [p | q] once read, and making a [gate; up] concatenation only after that, leaves every output
+kernels: freeing o, [p | q] and the x rows once last read (and the d_x rows, always, once combined), and making a [gate; up] concatenation only after that, leaves every output
 bitwise the same; the context is spent afterwards (a second backward is refused, naming ctx); the eager autograd
 path frees the saved context unless the graph is retained, and a retained graph's second backward gives the same
 bits. The GPU side: tests/gpu/test_fast_release_memory.py (the peak drops) and benchmarks/bench_moe.py's peak column."""
+import weakref
+
 import pytest
 import torch
 
@@ -44,6 +46,32 @@ def _direct(rank, world_size, group, inputs, stacked):
         concat_saw.append(ctx2.pq_R2I.untyped_storage().nbytes())
         concat(*a)
     _backward._concat = watch
+    # the order of: the d_x combine (queued on the side stream), the main stream waiting for the side one, the d_x
+    # rows (routed, shared) being dropped, the down-weight-gradient GEMM, the first kernel after the weight gradients
+    events, combine, down_grads, zero_empty = [], _backward._lib.combine_bwd_dx, _backward.down_weight_grads, \
+        _backward._lib.zero_empty
+
+    class Main(type(torch.cuda.current_stream())):
+        def wait_stream(self, other):
+            events.append("wait")
+
+    def watch_combine(dxs, dx_RH, *a):
+        refs.extend(weakref.ref(t, lambda _, name=name: events.append(name))
+                    for name, t in (("drop dxs", dxs), ("drop dx_RH", dx_RH)))
+        combine(dxs, dx_RH, *a)
+        events.append("combine")
+
+    def watch_down(*a, **k):
+        events.append("down")
+        return down_grads(*a, **k)
+
+    def watch_zero_empty(*a):
+        events.append("zero_empty")
+        zero_empty(*a)
+    refs = []
+    torch.cuda.current_stream = lambda dev=None: Main()
+    _backward._lib.combine_bwd_dx, _backward.down_weight_grads, _backward._lib.zero_empty = \
+        watch_combine, watch_down, watch_zero_empty
     rel = mok.fast.backward(ctx2, inp["dy"], release_saved=True)
     freed = {name: getattr(ctx2, name).untyped_storage().nbytes() == 0
              for name in ("o_RH", "pq_R2I", "pq_s_T2S", "a_RI", "a_s_TS", "x_RH")}
@@ -54,7 +82,7 @@ def _direct(rank, world_size, group, inputs, stacked):
         err = str(e)
     def copies(*ts):
         return [t.clone() if t is not None else None for t in ts]
-    return copies(y, *again), copies(y, *keep), copies(y2, *rel), freed, concat_saw, err
+    return copies(y, *again), copies(y, *keep), copies(y2, *rel), freed, concat_saw, err, events
 
 
 @pytest.mark.parametrize("stacked", [
@@ -62,17 +90,22 @@ def _direct(rank, world_size, group, inputs, stacked):
     True,   # halves of one tensor: no concatenation, the order unchanged
 ])
 def test_release_keeps_every_output_and_spends_the_context(stacked):
-    again, keep, rel, freed, concat_saw, err = launch(_direct, (make_inputs(CFG, seed=31), stacked), 1,
+    again, keep, rel, freed, concat_saw, err, events = launch(_direct, (make_inputs(CFG, seed=31), stacked), 1,
                                                       timeout_s=60)[0]
     for name, a, b, c in zip(OUTPUT_NAMES, keep, again, rel, strict=True):
         if a is not None:
             assert_bitwise_equal(b, a, f"{name}: a second backward on a kept context")
             assert_bitwise_equal(c, a, f"{name}: with release_saved")
-    assert freed["o_RH"] and freed["pq_R2I"] and freed["pq_s_T2S"], freed
-    assert not freed["x_RH"], "x rows are read by the last weight gradient: kept to the end"
+    assert freed["o_RH"] and freed["pq_R2I"] and freed["pq_s_T2S"] and freed["x_RH"], freed
     assert freed["a_RI"] == (not stacked), freed  # a is freed early only where the down gradients move first
     assert concat_saw == ([] if stacked else [0, 0]), concat_saw  # routed and shared: each after [p | q] was freed
     assert err is not None and err.startswith("ctx: spent"), err
+    # the d_x rows, read on the side stream, are dropped only after the main stream waits for it, and before the
+    # down gradients where those run last (stacked); separate gate and up ran the down gradients first
+    drops = [events.index(e) for e in ("drop dxs", "drop dx_RH")]
+    assert "wait" in events[events.index("combine"):min(drops)], events
+    assert max(drops) < events.index("zero_empty"), events
+    assert (max(drops) < events.index("down")) == stacked, events
 
 
 def _via_op(rank, world_size, group, inputs, retain, registered=False):

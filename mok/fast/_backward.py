@@ -1,16 +1,17 @@
 """Backward pass of the fast path (one GPU, W = 1), as named stages.
 
 pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GEMM (+ shared; fp32 da)
--> SwiGLU backward (dg | du, bf16) (or both in one launch, the SwiGLU backward in the GEMM's epilogue, for large
-experts: the same bits, no fp32 da buffer, less energy a step; _tiles.fuse_swiglu_bwd) -> d_x rows grouped GEMM
+-> SwiGLU backward (dg | du, bf16) (both in one launch, the SwiGLU backward in the GEMM's epilogue, wherever 8
+splits I and S: the same bits, no fp32 da buffer; _tiles.fuse_swiglu_bwd) -> d_x rows grouped GEMM
 against [gate; up] (+ shared; read as is when gate and up are halves of one tensor, else concatenated on a side
 stream meanwhile, and that copy freed once the GEMM is queued) -> d_x combine (fp32, shared first then k
-ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs, gate/up then down with [dg | du]
-freed in between (fp32 accumulators reduced over the expert's rows in canonical order, one CTA per output tile;
-gate/up gradients as halves of one buffer where the weights are) -> zero empty experts -> NaN poison of every
-output if the routing flag is set. With release_saved (`mok.nn`'s eager backward, when autograd keeps no graph),
-o and [p | q] are freed once read, and a concatenation of separate gate and up tensors is made while the
-down-weight gradients run instead, so that it never lives beside [p | q].
+ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs, gate/up then down with [dg | du] and
+the d_x rows freed in between (fp32 accumulators reduced over the expert's rows in canonical order, one CTA per
+output tile; gate/up gradients as halves of one buffer where the weights are) -> zero empty experts -> NaN poison of
+every output if the routing flag is set. With release_saved (`mok.nn`'s eager
+backward, when autograd keeps no graph), o, [p | q] and the x rows are freed once last read, and a concatenation of
+separate gate and up tensors is made while the down-weight gradients run instead, so that it never lives beside
+[p | q].
 """
 from __future__ import annotations
 
@@ -214,18 +215,21 @@ def down_weight_grads(ctx: FastContext, dy, go_RH, shared: bool, dtype=torch.flo
 
 
 def weight_grads(ctx: FastContext, dy, go_RH, grads_of: list, dtype=torch.float32, separate: bool = False,
-                 down: tuple | None = None):
+                 down: tuple | None = None, then=None):
     """(d_rg, d_ru [E, I, H], d_rd [E, H, I], d_sg, d_su [S, H], d_sd [H, S] or None) in `dtype`; experts with no
     rows get zeros. grads_of: [dgu, dgu_s] (dgu_s None: no shared-expert gradients), emptied here so that the
     gate/up gradients' inputs are freed before the down gradient's buffer is allocated (the caller must hold no
     other reference): the layer's peak memory is then one [R, 2I] bf16 buffer lower. separate: as
     `gate_up_weight_grads`. down: (d_rd, d_sd) from `down_weight_grads` when the caller has run it already (go_RH
-    is then not read)."""
+    is then not read). then: a callable run once the gate/up gradients are queued and [dg | du] dropped, before
+    the down gradients' buffer is allocated (`run_backward` frees what only the gate/up gradients still read)."""
     dgu, dgu_s = grads_of
     grads_of.clear()
     shared = dgu_s is not None
     d_rg, d_ru, d_sg, d_su = gate_up_weight_grads(ctx, dgu, dgu_s, dtype, separate)
     del dgu, dgu_s
+    if then is not None:
+        then()
     d_rd, d_sd = down if down is not None else down_weight_grads(ctx, dy, go_RH, shared, dtype)
     for g in whole_buffers(d_rg, d_ru, d_rd):
         _lib.zero_empty(g, ctx.sched.offsets, ctx.dims.E, ctx.sched.flag)
@@ -255,9 +259,12 @@ def release(on: bool, *tensors) -> None:
 def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate_gate_up_grads: bool = False,
                  release_saved: bool = False):
     """Gradients in the reference's order: d_x, d_topk_weight, routed gate/up/down, shared gate/up/down
-    (weight gradients in `weight_grad_dtype`). release_saved: free o once the pre-combine has read it and [p | q]
-    once the d_a step has (`release`; `ctx` is spent), and where gate and up must be concatenated, make that copy
-    on the side stream while the down-weight gradients run, before the d_x GEMM (the same bits in either order)."""
+    (weight gradients in `weight_grad_dtype`). The d_x rows, which the combine reads on the side stream, are
+    dropped once the gate/up gradients are queued, after the main stream waits for the side one, so that the down
+    gradients' buffer may reuse them. release_saved: free o once the pre-combine has read it, [p | q] once the d_a
+    step has and the x rows once the gate/up gradients have (`release`; `ctx` is spent), and where gate and up must
+    be concatenated, make that copy on the side stream while the down-weight gradients run, before the d_x GEMM
+    (the same bits in either order)."""
     d: Dims = ctx.dims
     rg, ru, rd, sg, su, sd = ctx.weights
     dev, sched = dy.device, ctx.sched
@@ -289,10 +296,17 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
     side.wait_stream(main)
     with torch.cuda.stream(side):  # the d_x combine overlaps the weight-gradient GEMMs
         _lib.combine_bwd_dx(dxs, dx_RH, sched.pair_row, sched.flag, d.K, d_x)
+    dx_rows = [dx_RH, dxs]
+    del dx_RH, dxs
+
+    def after_gate_up():  # the combine is long done by then: the wait costs the main stream nothing
+        main.wait_stream(side)  # (and orders the poison below after the d_x combine)
+        dx_rows.clear()  # stream-ordered now: the caching allocator may hand the d_x rows to the down gradients
+        release(release_saved, ctx.x_RH)
+
     grads_of = [dgu, dgu_s]
     del dgu, dgu_s  # weight_grads frees them once the gate/up gradients are done
-    grads = weight_grads(ctx, dy, go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads, down)
-    main.wait_stream(side)
+    grads = weight_grads(ctx, dy, go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads, down, after_gate_up)
     for g in whole_buffers(*grads):
         _lib.poison(g, sched.flag)
     return (d_x, d_w, *grads)

@@ -42,3 +42,53 @@ def test_eager_backward_peak_drops_by_the_released_p_q_with_the_same_gradients(c
     assert kept - freed >= pq_bytes, f"peak {kept} B with the graph kept, {freed} B released: less than {pq_bytes}"
     for k in want:
         assert_bitwise_equal(got[k], want[k], f"d_{k}")
+
+
+def _planned_backward_peak(cfg: MoEConfig) -> tuple[int, int]:
+    """(bytes, stage): the most the eager backward of one stacked [gate; up] layer with bf16 weights should allocate
+    above what is resident when it starts (inputs, y, the saved context), from mok/fast/_backward.py's order with
+    release_saved: d_topk_weight and go rows; o freed; [dg | du]; [p | q] freed; d_x rows and d_x; the gate/up
+    gradient; [dg | du], the d_x rows and the x rows freed; the down gradient. The fused d_a launch (8 splits I, S)."""
+    T, H, I, E, K, S = cfg.T, cfg.H, cfg.I, cfg.E, cfg.K, cfg.S
+    R = T * K
+    steps = [("pre-combine", 4 * T * K + 2 * R * H), ("o freed", -2 * R * H), ("d_a", 4 * R * I + 4 * T * S),
+             ("[p | q] freed", -8 * R * I - 8 * T * S), ("d_x", 2 * R * H + 2 * T * H * (S > 0) + 2 * T * H),
+             ("gate/up gradient", 4 * E * I * H + 4 * S * H),
+             ("rows freed", -4 * R * I - 4 * T * S - 2 * R * H - 2 * T * H * (S > 0) - 2 * R * H),
+             ("down gradient", 2 * E * I * H + 2 * S * H)]
+    live, best = 0, (0, "")
+    for name, delta in steps:
+        live += delta
+        best = max(best, (live, name))
+    return best
+
+
+@pytest.mark.parametrize("cfg", [
+    MoEConfig(T=4096, H=2048, I=1024, E=64, K=2, S=0),    # 64 experts of 128 rows: the down gradient step peaks
+    MoEConfig(T=4096, H=2048, I=2048, E=16, K=2, S=512),  # the gate/up gradient step peaks; a shared expert
+])
+def test_eager_backward_peak_is_the_planned_one(cfg):
+    """The backward allocates no more than its plan (`_planned_backward_peak`, within 8 MiB of workspaces and
+    rounding) and not far less (the plan is what runs). The first shape peaks at the down gradient, where the d_x
+    rows and the x rows (4·R·H bytes: 128 MiB) are already freed."""
+    inputs = make_inputs(cfg, seed=42, device="cuda")
+    leaves = {k: (v.detach().clone().requires_grad_(True) if v is not None else None)
+              for k, v in (("x", inputs["x"]), ("rd", inputs["routed_down"]), ("sd", inputs["shared_down"]),
+                           ("rgu", torch.cat([inputs["routed_gate"], inputs["routed_up"]], 1)),
+                           ("sgu", torch.cat([inputs["shared_gate"], inputs["shared_up"]]) if cfg.S else None))}
+    want, stage = _planned_backward_peak(cfg)
+    for _ in range(2):  # the first: the kernels' first launches
+        for v in leaves.values():
+            if v is not None:
+                v.grad = None
+        y = ops.moe_gate_up(leaves["x"], inputs["topk_idx"], inputs["topk_weight"], leaves["sgu"], leaves["sd"],
+                            leaves["rgu"], leaves["rd"], backend="fast")
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        y.backward(inputs["dy"])
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    mib = 2**20
+    assert want - 16 * mib <= peak <= want + 8 * mib, \
+        f"backward peak {peak / mib:.1f} MiB above its start, planned {want / mib:.1f} MiB (at the {stage} step)"
