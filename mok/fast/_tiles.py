@@ -31,7 +31,9 @@ A training step runs at the GPU's power limit, so what sets its speed is the ene
 to back for seconds (`python benchmarks/energy_probe.py`, run 16) the fused launch takes 1.1-3.4% less energy per
 step and 0.7-2.0% less time on mid-64e, the DeepSeek-V3 slice and Mixtral-8x7B, and more of both on Qwen3-30B-A3B
 and OLMoE-1B-7B (I <= 1024), which kept the pair. It also saves that transient R x I x 4 bytes.
-`MOK_FAST_FUSE_SWIGLU_BWD=1` / `=0` fuses wherever 8 splits I and S / nowhere.
+`MOK_FAST_FUSE_SWIGLU_BWD=1` / `=0` fuses wherever 8 splits I and S / nowhere. The fused kind's 2x1-cluster
+variant, faster alone on OLMoE-1B-7B and the DeepSeek-V3 slice (run 27), tied the rule on their whole steps (run 28,
+an H100: 10.60 against 10.57 and 31.25 against 31.20 ms steady), so the rule keeps the ping-pong tile.
 
 The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
 up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
