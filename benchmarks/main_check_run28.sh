@@ -12,7 +12,11 @@
 #            rows and the x rows before those), stacked ones first;
 #   module   bench_moe.py --module on five suite shapes: what a user runs (mok.MoE: router, losses, layer) against a
 #            plain PyTorch module, time and each step's peak memory;
-#   profile  profile_fast.py, one process per shape of docs/fast_path.md's per-stage table.
+#   profile  profile_fast.py, one process per shape of docs/fast_path.md's per-stage table;
+#   ab-wait  whole steps of bc7babc's backward (the main stream waits for the d_x combine at the end, the d_x rows
+#            live to the end) against this tree's (it waits once the gate/up gradients are queued and drops them),
+#            alternating, two rounds: Qwen3-30B-A3B and Mixtral-8x7B. Needs bc7babc's tree at .dev/bc7_tree
+#            (`mkdir -p .dev/bc7_tree && git archive bc7babc mok benchmarks | tar -x -C .dev/bc7_tree`, carried).
 # Printing steps for the CPU check (tests/test_bench_configs.py): `workloads`, `configs`, `module-configs`, `peak-configs`.
 # Usage (repo root, a library built from this tree):
 #   MOK_FAST_LIB=$PWD/.build/cur/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run28.sh tests energy suite
@@ -57,7 +61,14 @@ for step in "$@"; do
              for c in qwen3-30b-a3b mid-64e olmoe-1b-7b dsv3-ep8-slice mixtral-8x7b; do
                timeout 60 python benchmarks/profile_fast.py $c 2>&1 | grep -v -i warn
              done > "$OUT/profile.log"; grep -c "cutlass" "$OUT/profile.log";;
+    ab-wait) echo "== ab-wait ($(left) s left)"; W="mok:qwen3-30b-a3b mok:mixtral-8x7b"
+             for r in 1 2; do
+               (cd .dev/bc7_tree && PYTHONPATH=$PWD timeout 60 python benchmarks/energy_probe.py $W --seconds 3 \
+                 --cool 1.5 2>&1 | grep "^| mok" | sed "s/^/bc7babc $r /")
+               timeout 60 python benchmarks/energy_probe.py $W --seconds 3 --cool 1.5 2>&1 | grep "^| mok" \
+                 | sed "s/^/this $r /"
+             done | tee "$OUT/ab_wait.log";;
     *) echo "unknown step $step"; exit 2;;
   esac
-  case $step in tests|energy|preset|suite|suite-peak|module|profile) date -u;; esac
+  case $step in tests|energy|preset|suite|suite-peak|module|profile|ab-wait) date -u;; esac
 done
