@@ -229,14 +229,8 @@ def test_profile_fast_labels_each_gemm_launch_in_order_with_its_tile():
 def _new_shapes_check_workloads(tmp_path, step: str):
     """[(kind, config or None, env)] of the workloads `bash benchmarks/new_shapes_check.sh <step>` prints (a step
     that runs nothing), each parsed by energy_probe, so a typo in the script cannot cost its device call."""
-    import os
-    import subprocess
-
     parse, configs = _energy_probe()
-    r = subprocess.run(["bash", str(BENCH / "new_shapes_check.sh"), step], capture_output=True, text=True,
-                       cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
-    assert r.returncode == 0, r.stderr
-    specs = r.stdout.split()
+    specs = _script_step("new_shapes_check.sh", step, tmp_path)
     assert len(specs) == len(set(specs)), specs  # each workload once
     return [parse(s, configs) for s in specs]
 
@@ -260,36 +254,31 @@ def test_new_shapes_check_next_step_pairs_each_shape_with_the_other_tile(tmp_pat
     assert forced == plain == {"mid-64e", "glm-4.5-air", "dsv3-ep8-slice"}, (forced, plain)
 
 
-def test_main_check_run25_workloads_and_configs_all_parse(tmp_path):
-    """Run 25's device call: the five new suite shapes by name (bench_moe --configs) and as energy_probe
-    workloads, mok and the grouped_mm path each."""
+def _script_step(script: str, step: str, tmp_path) -> list[str]:
+    """The words `bash benchmarks/<script> <step>` prints (a step that runs nothing); it must exit 0."""
     import os
     import subprocess
 
+    r = subprocess.run(["bash", str(BENCH / script), step], capture_output=True, text=True, cwd=BENCH.parent,
+                       env={**os.environ, "OUT": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_main_check_run25_workloads_and_configs_all_parse(tmp_path):
+    """Run 25's device call: the five new suite shapes by name (bench_moe --configs) and as energy_probe
+    workloads, mok and the grouped_mm path each."""
     parse, configs = _energy_probe()
-
-    def step(name):
-        r = subprocess.run(["bash", str(BENCH / "main_check_run25.sh"), name], capture_output=True, text=True,
-                           cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
-        assert r.returncode == 0, r.stderr
-        return r.stdout.split()
-
-    names = step("configs")[0].split(",")
+    names = _script_step("main_check_run25.sh", "configs", tmp_path)[0].split(",")
     assert len(names) == 5 and set(names) <= set(configs), names
-    parsed = [parse(s, configs) for s in step("workloads")]
+    parsed = [parse(s, configs) for s in _script_step("main_check_run25.sh", "workloads", tmp_path)]
     assert [k for k, _, _ in parsed].count("grouped_mm") == 5
     assert {cfg["name"] for _, cfg, _ in parsed if cfg is not None} == set(names)
 
 
 def test_main_check_run26_configs_are_suite_shapes(tmp_path):
     """Run 26's device call: its --configs are all shapes of the suite (bench_moe --suite runs only those)."""
-    import os
-    import subprocess
-
-    r = subprocess.run(["bash", str(BENCH / "main_check_run26.sh"), "configs"], capture_output=True, text=True,
-                       cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
-    assert r.returncode == 0, r.stderr
-    names = r.stdout.split()[0].split(",")
+    names = _script_step("main_check_run26.sh", "configs", tmp_path)[0].split(",")
     suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
     assert len(names) == 4 and set(names) <= suite, (names, sorted(suite))
 
@@ -369,16 +358,10 @@ def test_bench_moe_refuses_an_unknown_config_name_and_names_the_option():
 def test_main_check_run28_workloads_parse_and_configs_cover_the_suite(tmp_path):
     """Run 28's device calls: the energy step's extra workloads parse (the fused d_a kind forced to variant 2 only),
     and the suite step names every suite shape once."""
-    import os
-    import subprocess
-
     parse, configs = _energy_probe()
 
     def step(name):
-        r = subprocess.run(["bash", str(BENCH / "main_check_run28.sh"), name], capture_output=True, text=True,
-                           cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path)})
-        assert r.returncode == 0, r.stderr
-        return r.stdout.split()
+        return _script_step("main_check_run28.sh", name, tmp_path)
 
     parsed = [parse(s, configs) for s in step("workloads")]
     forced = [env["MOK_FAST_GEMM_VARIANT"] for _, _, env in parsed if env]
