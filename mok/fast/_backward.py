@@ -8,10 +8,9 @@ stream meanwhile, and that copy freed once the GEMM is queued) -> d_x combine (f
 ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs, gate/up then down with [dg | du] and
 the d_x rows freed in between (fp32 accumulators reduced over the expert's rows in canonical order, one CTA per
 output tile; gate/up gradients as halves of one buffer where the weights are) -> zero empty experts -> NaN poison of
-every output if the routing flag is set. With release_saved (`mok.nn`'s eager
-backward, when autograd keeps no graph), o, [p | q] and the x rows are freed once last read, and a concatenation of
-separate gate and up tensors is made while the down-weight gradients run instead, so that it never lives beside
-[p | q].
+every output if the routing flag is set. With release_saved (`mok.nn`'s eager backward, when autograd keeps no
+graph), o, [p | q] and the x rows are freed once last read, and a concatenation of separate gate and up tensors is
+made while the down-weight gradients run instead, so that it never lives beside [p | q].
 """
 from __future__ import annotations
 
@@ -299,8 +298,8 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
     dx_rows = [dx_RH, dxs]
     del dx_RH, dxs
 
-    def after_gate_up():  # the combine is long done by then: the wait costs the main stream nothing
-        main.wait_stream(side)  # (and orders the poison below after the d_x combine)
+    def after_gate_up():  # the combine, queued before the far longer gate/up gradients, should cost this wait little
+        main.wait_stream(side)  # (not measured yet: benchmarks/main_check_run28.sh ab-wait); orders the poison too
         dx_rows.clear()  # stream-ordered now: the caching allocator may hand the d_x rows to the down gradients
         release(release_saved, ctx.x_RH)
 
