@@ -32,6 +32,11 @@ PEAK_CONFIGS=llama-4-scout,dbrx,phi-3.5-moe,glm-4.5-air,mixtral-8x22b,qwen3-235b
 MODULE_CONFIGS=mixtral-8x7b,qwen3-30b-a3b,olmoe-1b-7b,dsv3-ep8-slice,deepseek-v2-lite-t1000
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
+issue13() {  # extra workloads ("" for none), log name, at most this many seconds: the preset in two rounds
+  echo "== $2 ($(left) s left)"
+  timeout $(( $(left) < $3 ? $(left) : $3 )) python benchmarks/energy_probe.py $1 --preset issue13 --seconds 3 \
+    --cool 1.5 --rounds 2 2>&1 | grep -v -i warn | tee "$OUT/$2.log" | tail -24
+}
 for step in "$@"; do
   case $step in
     workloads) echo $WORKLOADS;;
@@ -41,12 +46,8 @@ for step in "$@"; do
     tests) date -u; nvidia-smi --query-gpu=name --format=csv,noheader
            timeout $(( $(left) < ${TESTS_S:-200} ? $(left) : ${TESTS_S:-200} )) python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
              | tee "$OUT/gpu_tests.log" | tail -3;;
-    energy) echo "== energy ($(left) s left)"
-            timeout $(( $(left) < 230 ? $(left) : 230 )) python benchmarks/energy_probe.py $WORKLOADS --preset issue13 \
-              --seconds 3 --cool 1.5 --rounds 2 2>&1 | grep -v -i warn | tee "$OUT/energy_issue13.log" | tail -24;;
-    preset) echo "== preset ($(left) s left)"
-            timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py --preset issue13 --seconds 3 --cool 1.5 \
-              --rounds 2 2>&1 | grep -v -i warn | tee "$OUT/energy_preset.log" | tail -16;;
+    energy) issue13 "$WORKLOADS" energy_issue13 230;;
+    preset) issue13 "" energy_preset $(( $(left) - 5 ));;
     suite) echo "== suite ($(left) s left)"
            timeout $(( $(left) - 5 )) python benchmarks/bench_moe.py --suite --weight-grads bf16 \
              --methods mok,mok_gu,grouped_mm --configs "$CONFIGS" 2>&1 | grep -v -i warn | tee "$OUT/suite.log" | tail -64;;
