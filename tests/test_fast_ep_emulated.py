@@ -240,3 +240,68 @@ def test_the_gate_up_concatenation_is_freed_before_the_weight_gradients(W):
     for rank, (made, alive) in enumerate(launch(_run_concat_lifetime, (inputs, W), W, timeout_s=60)):
         assert made == 2, f"rank {rank}: {made} concatenations (routed and shared expected)"
         assert alive == [0], f"rank {rank}: {alive} concatenations alive at the gate/up weight gradients"
+
+
+def _run_release(rank, world_size, group, inputs, W):
+    """The expert-parallel backward without and with release_saved on two forwards of the same inputs: (outputs of
+    each, the order in which the d_x rows (routed, shared) were dropped and the down gradients began, whether the x
+    rows held their bytes when the down gradients began, and afterwards)."""
+    import weakref
+
+    import fast_emulator
+
+    import mok.fast
+    from mok.fast import _backward, _ep
+
+    fast_emulator.install()
+    fast_emulator.stub_streams()
+    local = shard_inputs(inputs, rank, W)
+    args = [local[a] for a in LAYER_ARGS]
+    y, ctx = mok.fast.forward(*args, group=group)
+    keep = mok.fast.backward(ctx, local["dy"])
+    y2, ctx2 = mok.fast.forward(*args, group=group)
+    events, refs = [], []
+    scatter, combine, down_grads = _ep._lib_ep.ep_scatter_rows, _ep._lib.combine_bwd_dx, _backward.down_weight_grads
+
+    def drop_event(name, t):
+        refs.append(weakref.ref(t, lambda _: events.append(name)))
+
+    def watch_scatter(rows, *a):
+        drop_event("drop dx_RH", rows)
+        scatter(rows, *a)
+
+    def watch_combine(dxs, *a):
+        if dxs is not None:
+            drop_event("drop dxs", dxs)
+        combine(dxs, *a)
+
+    def watch_down(*a, **k):
+        events.append(f"down, x rows alive: {ctx2.x_RH.untyped_storage().nbytes() > 0}")
+        return down_grads(*a, **k)
+    _ep._lib_ep.ep_scatter_rows, _ep._lib.combine_bwd_dx, _backward.down_weight_grads = \
+        watch_scatter, watch_combine, watch_down
+    rel = mok.fast.backward(ctx2, local["dy"], release_saved=True)
+    x_rows_after = ctx2.x_RH.untyped_storage().nbytes()
+    mok.fast.release_ep_buffers()
+    return [t.clone() if t is not None else None for t in (y, *keep)], \
+        [t.clone() if t is not None else None for t in (y2, *rel)], events, x_rows_after
+
+
+@pytest.mark.parametrize("name", [
+    "shared",     # a shared expert: its d_x rows (all of S per rank) are dropped too
+    "no_shared",  # routed rows alone, W = 4
+])
+def test_release_frees_the_x_rows_and_drops_the_d_x_rows_before_the_down_gradients(name):
+    """run_backward_ep frees what only earlier steps read before the down gradients' buffer is allocated, as the
+    one-GPU backward does: the d_x rows once scattered and combined, and with release_saved the x rows once the
+    gate/up gradients are queued; every output bitwise the same."""
+    W = 4 if name == "no_shared" else 2
+    inputs = make_inputs(CFGS[name], seed=29)
+    for rank, (keep, rel, events, x_rows_after) in enumerate(launch(_run_release, (inputs, W), W, timeout_s=60)):
+        for k, a, b in zip(OUTPUT_NAMES, keep, rel, strict=True):
+            if a is not None:
+                assert_bitwise_equal(b, a, f"rank {rank} {k}: with release_saved")
+        drops = ["drop dx_RH"] + (["drop dxs"] if CFGS[name].S else [])
+        assert sorted(events[:-1]) == sorted(drops), f"rank {rank}: {events}"
+        assert events[-1] == "down, x rows alive: False", f"rank {rank}: {events}"
+        assert x_rows_after == 0, f"rank {rank}: the x rows still hold {x_rows_after} bytes"

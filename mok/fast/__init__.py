@@ -85,7 +85,8 @@ def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32, separate_
         release_saved: False (default): `ctx` stays whole (backward may run on it again); True: the context's
             largest tensors are freed as soon as they are read for the last time (o after the pre-combine, the
             saved SwiGLU factors [p | q] fp32 [R, 2I] after the d_a step, the gathered x rows [R, H] after the
-            gate/up weight gradients; W = 1), lowering the backward's peak memory, and `ctx` is spent. `mok.nn` / `mok.MoE` pass True in eager autograd unless the graph is retained.
+            gate/up weight gradients), lowering the backward's peak memory, and `ctx` is spent. `mok.nn` /
+            `mok.MoE` pass True in eager autograd unless the graph is retained.
     Returns:
         (d_x [T,H] bf16, d_topk_weight [T,K] fp32, d_routed_gate [E,I,H], d_routed_up [E,I,H],
          d_routed_down [E,H,I], d_shared_gate [S,H] | None, d_shared_up [S,H] | None,

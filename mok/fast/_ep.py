@@ -125,8 +125,9 @@ def shared_weight_grads(buf, d: Dims, rows_all: dict, dtype):
 def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separate_gate_up_grads: bool = False,
                     release_saved: bool = False):
     """Gradients in the reference's order (this rank's d_x, d_topk_weight, its local experts' weight
-    gradients, the shared expert's full weight gradients). release_saved: as `_backward.run_backward` (o and
-    [p | q] freed once read; the concatenation is made after the d_a step here in any case)."""
+    gradients, the shared expert's full weight gradients). The d_x rows are dropped once scattered and combined.
+    release_saved: as `_backward.run_backward` (o, [p | q] and the x rows freed once last read; the concatenation
+    is made after the d_a step here in any case)."""
     d, buf = ctx.dims, ctx.buf
     W, T, K, H, L, S = d.W, d.T, d.K, d.H, d.L, d.S
     rg, ru, rd, sg, su, sd = ctx.weights
@@ -156,13 +157,16 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separat
     dx_RH, dxs = d_input_rows(lctx, dgu, dgu_s, w_gu, w_gu_s)
     del w_gu, w_gu_s
     _lib_ep.ep_scatter_rows(dx_RH, sched.row_pair, sched.offsets, L, T * K, buf.tables["dx_slots"])
+    del dx_RH  # read by nothing after the scatter (one stream: its block goes only to later work)
     _sync_phase(buf, BWD_PUSHED, buf.epoch_bwd)
 
     d_x = _empty(dev, torch.bfloat16, T, H)
     _lib.combine_bwd_dx(dxs, buf.local["dx_slots"], buf.ident, sched.flag, K, d_x)
+    del dxs
     grads_of = [dgu, None]
-    del dgu  # weight_grads frees it once the gate/up gradients are done
-    grads = weight_grads(lctx, dy, go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads)[:3]
+    del dgu  # weight_grads frees it once the gate/up gradients are done; the x rows are read last by those
+    grads = weight_grads(lctx, dy, go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads,
+                         then=lambda: release(release_saved, ctx.x_RH))[:3]
     grads += shared_weight_grads(buf, d, rows_all, weight_grad_dtype) if S else (None, None, None)
     for g in whole_buffers(*grads):  # d_x and d_w: NaN from their kernels when the flag is set
         _lib.poison(g, sched.flag)
