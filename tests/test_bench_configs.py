@@ -375,6 +375,15 @@ def test_main_check_run28_workloads_parse_and_configs_cover_the_suite(tmp_path):
     assert len(peak) == len(set(peak)) == 8 and set(peak) <= suite, peak
 
 
+def test_main_check_run29_d_act_workloads_pair_each_shape_fused_and_apart(tmp_path):
+    """Run 29's d-act step: each shape once with the SwiGLU backward fused into the d_a GEMM and once apart."""
+    parse, configs = _energy_probe()
+    parsed = [parse(s, configs) for s in _script_step("main_check_run29.sh", "workloads", tmp_path)]
+    kinds = {(kind, cfg["name"]) for kind, cfg, _ in parsed}
+    assert len(kinds) == len(parsed) == 4, parsed
+    assert kinds == {(k, n) for k in ("fused", "unfused") for n in ("qwen3-30b-a3b", "olmoe-1b-7b")}, kinds
+
+
 def test_bench_moe_losses_name_only_peers_and_the_peak_memory():
     """bench_moe's closing lines compare each mok method with the peers only (mok_gu is the same layer, not a
     peer), on time forward and forward+backward, and on peak memory."""
