@@ -1,7 +1,9 @@
 """The eager backward frees the saved context as it reads it (mok/fast/_backward.py `release`), on the GPU: the
 backward's peak memory is at least the saved [p | q] (fp32 [R, 2I]) lower than with retain_graph=True, which keeps
-it, and every gradient is bitwise the same either way. (The CPU tests, tests/test_fast_release.py, check the bits
-and what is freed with the emulated kernels; this one checks that the caching allocator gets the memory back.)"""
+it, and every gradient is bitwise the same either way; the backward's peak, one GPU and expert-parallel, is what
+its order of allocations and frees plans. (The CPU tests, tests/test_fast_release.py and
+tests/test_fast_ep_emulated.py, check the bits and what is freed with the emulated kernels; this one checks that
+the caching allocator gets the memory back.)"""
 import pytest
 import torch
 
@@ -92,3 +94,64 @@ def test_eager_backward_peak_is_the_planned_one(cfg):
     mib = 2**20
     assert want - 16 * mib <= peak <= want + 8 * mib, \
         f"backward peak {peak / mib:.1f} MiB above its start, planned {want / mib:.1f} MiB (at the {stage} step)"
+
+
+def _planned_ep_backward_peak(cfg: MoEConfig, W: int) -> tuple[int, int]:
+    """(bytes, stage): as `_planned_backward_peak`, for one rank of the expert-parallel backward (mok/fast/_ep.py
+    `run_backward_ep`; no shared expert): T local tokens, L = E / W local experts, and the received rows sized for the
+    dropless worst case, R = W·T·K. Its order: d_topk_weight; o [T, K, H] freed; go rows; [dg | du]; [p | q] freed;
+    d_x rows, dropped once scattered; d_x; the gate/up gradient; [dg | du] and the x rows freed; the down gradient."""
+    T, H, I, E, K = cfg.T // W, cfg.H, cfg.I, cfg.E, cfg.K
+    L, R = E // W, W * (cfg.T // W) * K
+    steps = [("d_topk_weight", 4 * T * K), ("o freed", -2 * T * K * H), ("go rows", 2 * R * H), ("d_a", 4 * R * I),
+             ("[p | q] freed", -8 * R * I), ("d_x rows", 2 * R * H), ("d_x rows dropped", -2 * R * H),
+             ("d_x", 2 * T * H), ("gate/up gradient", 4 * L * I * H), ("rows freed", -4 * R * I - 2 * R * H),
+             ("down gradient", 2 * L * I * H)]
+    live, best = 0, (0, "")
+    for name, delta in steps:
+        live += delta
+        best = max(best, (live, name))
+    return best
+
+
+def _ep_backward_peak(rank, world_size, group, inputs):
+    """This rank's eager backward peak above its start (bytes), second of two steps, through ops.moe_gate_up."""
+    from mok.harness.runner import shard_inputs
+
+    local = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in
+             shard_inputs(inputs, rank, world_size).items()}
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in
+              (("x", local["x"]), ("rd", local["routed_down"]),
+               ("rgu", torch.cat([local["routed_gate"], local["routed_up"]], 1)))}
+    for _ in range(2):  # the first: the kernels' first launches and the expert-parallel buffers
+        for v in leaves.values():
+            v.grad = None
+        y = ops.moe_gate_up(leaves["x"], local["topk_idx"], local["topk_weight"], None, None, leaves["rgu"],
+                            leaves["rd"], group=group, backend="fast")
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        y.backward(local["dy"])
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    import mok.fast
+
+    mok.fast.release_ep_buffers()
+    return peak
+
+
+def test_expert_parallel_backward_peak_is_the_planned_one():
+    """Two ranks sharing the GPU: each rank's backward allocates its plan (`_planned_ep_backward_peak`, within the
+    same margins), which frees the d_x rows once scattered and the x rows once the gate/up gradients are queued:
+    R·H·2 bytes each (64 MiB here). Kept to the end, as before run 29, the peak would be 192 MiB, at the down
+    gradient, against the plan's 100."""
+    from mok.harness.dist import launch
+
+    cfg, W = MoEConfig(T=2048, H=4096, I=128, E=64, K=4, S=0), 2
+    want, stage = _planned_ep_backward_peak(cfg, W)
+    mib = 2**20
+    assert (want, stage) == (100 * mib + 4 * (cfg.T // W) * cfg.K, "gate/up gradient"), (want / mib, stage)
+    inputs = make_inputs(cfg, seed=43)
+    for rank, peak in enumerate(launch(_ep_backward_peak, (inputs,), W, device="cuda", timeout_s=120)):
+        assert want - 16 * mib <= peak <= want + 8 * mib, \
+            f"rank {rank}: backward peak {peak / mib:.1f} MiB above its start, planned {want / mib:.1f} MiB ({stage})"
