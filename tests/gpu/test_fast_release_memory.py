@@ -46,6 +46,32 @@ def test_eager_backward_peak_drops_by_the_released_p_q_with_the_same_gradients(c
         assert_bitwise_equal(got[k], want[k], f"d_{k}")
 
 
+def _highest(steps: list) -> tuple[int, str]:
+    """(bytes, stage) where the running sum of the steps' (stage, bytes allocated or freed) is highest."""
+    live, best = 0, (0, "")
+    for name, delta in steps:
+        live += delta
+        best = max(best, (live, name))
+    return best
+
+
+def _second_backward_peak(leaves: dict, forward, dy) -> int:
+    """Bytes the eager backward allocates above what is resident when it starts, in the second of two steps (the
+    first: the kernels' first launches, and the expert-parallel buffers). forward(leaves) -> y."""
+    for _ in range(2):
+        for v in leaves.values():
+            if v is not None:
+                v.grad = None
+        y = forward(leaves)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        y.backward(dy)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    return peak
+
+
 def _planned_backward_peak(cfg: MoEConfig) -> tuple[int, int]:
     """(bytes, stage): the most the eager backward of one stacked [gate; up] layer with bf16 weights should allocate
     above what is resident when it starts (inputs, y, the saved context), from mok/fast/_backward.py's order with
@@ -58,11 +84,7 @@ def _planned_backward_peak(cfg: MoEConfig) -> tuple[int, int]:
              ("gate/up gradient", 4 * E * I * H + 4 * S * H),
              ("rows freed", -4 * R * I - 4 * T * S - 2 * R * H - 2 * T * H * (S > 0) - 2 * R * H),
              ("down gradient", 2 * E * I * H + 2 * S * H)]
-    live, best = 0, (0, "")
-    for name, delta in steps:
-        live += delta
-        best = max(best, (live, name))
-    return best
+    return _highest(steps)
 
 
 @pytest.mark.parametrize("cfg", [
@@ -79,18 +101,9 @@ def test_eager_backward_peak_is_the_planned_one(cfg):
                            ("rgu", torch.cat([inputs["routed_gate"], inputs["routed_up"]], 1)),
                            ("sgu", torch.cat([inputs["shared_gate"], inputs["shared_up"]]) if cfg.S else None))}
     want, stage = _planned_backward_peak(cfg)
-    for _ in range(2):  # the first: the kernels' first launches
-        for v in leaves.values():
-            if v is not None:
-                v.grad = None
-        y = ops.moe_gate_up(leaves["x"], inputs["topk_idx"], inputs["topk_weight"], leaves["sgu"], leaves["sd"],
-                            leaves["rgu"], leaves["rd"], backend="fast")
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        y.backward(inputs["dy"])
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
+    peak = _second_backward_peak(leaves, lambda v: ops.moe_gate_up(v["x"], inputs["topk_idx"], inputs["topk_weight"],
+                                                                    v["sgu"], v["sd"], v["rgu"], v["rd"],
+                                                                    backend="fast"), inputs["dy"])
     mib = 2**20
     assert want - 16 * mib <= peak <= want + 8 * mib, \
         f"backward peak {peak / mib:.1f} MiB above its start, planned {want / mib:.1f} MiB (at the {stage} step)"
@@ -107,11 +120,7 @@ def _planned_ep_backward_peak(cfg: MoEConfig, W: int) -> tuple[int, int]:
              ("[p | q] freed", -8 * R * I), ("d_x rows", 2 * R * H), ("d_x rows dropped", -2 * R * H),
              ("d_x", 2 * T * H), ("gate/up gradient", 4 * L * I * H), ("rows freed", -4 * R * I - 2 * R * H),
              ("down gradient", 2 * L * I * H)]
-    live, best = 0, (0, "")
-    for name, delta in steps:
-        live += delta
-        best = max(best, (live, name))
-    return best
+    return _highest(steps)
 
 
 def _ep_backward_peak(rank, world_size, group, inputs):
@@ -123,17 +132,9 @@ def _ep_backward_peak(rank, world_size, group, inputs):
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in
               (("x", local["x"]), ("rd", local["routed_down"]),
                ("rgu", torch.cat([local["routed_gate"], local["routed_up"]], 1)))}
-    for _ in range(2):  # the first: the kernels' first launches and the expert-parallel buffers
-        for v in leaves.values():
-            v.grad = None
-        y = ops.moe_gate_up(leaves["x"], local["topk_idx"], local["topk_weight"], None, None, leaves["rgu"],
-                            leaves["rd"], group=group, backend="fast")
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        y.backward(local["dy"])
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
+    peak = _second_backward_peak(leaves, lambda v: ops.moe_gate_up(v["x"], local["topk_idx"], local["topk_weight"],
+                                                                    None, None, v["rgu"], v["rd"], group=group,
+                                                                    backend="fast"), local["dy"])
     import mok.fast
 
     mok.fast.release_ep_buffers()
