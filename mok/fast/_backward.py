@@ -298,8 +298,8 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
     dx_rows = [dx_RH, dxs]
     del dx_RH, dxs
 
-    def after_gate_up():  # the combine, queued before the far longer gate/up gradients, should cost this wait little
-        main.wait_stream(side)  # (not measured yet: benchmarks/main_check_run28.sh ab-wait); orders the poison too
+    def after_gate_up():  # the combine, queued before the far longer gate/up gradients: this wait cost nothing
+        main.wait_stream(side)  # measurable (benchmarks/RESULTS.md run 29, ab-wait); it orders the poison too
         dx_rows.clear()  # stream-ordered now: the caching allocator may hand the d_x rows to the down gradients
         release(release_saved, ctx.x_RH)
 
