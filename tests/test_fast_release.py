@@ -1,8 +1,9 @@
 """The fast backward's release_saved (mok/fast/_backward.py `release`), on the CPU with tests/fast_emulator.py's
-kernels: freeing o, [p | q] and the x rows once last read (and the d_x rows, always, once combined), and making a [gate; up] concatenation only after that, leaves every output
-bitwise the same; the context is spent afterwards (a second backward is refused, naming ctx); the eager autograd
-path frees the saved context unless the graph is retained, and a retained graph's second backward gives the same
-bits. The GPU side: tests/gpu/test_fast_release_memory.py (the peak drops) and benchmarks/bench_moe.py's peak column."""
+kernels: freeing o, [p | q] and the x rows once last read (and the d_x rows, always, once combined), and making a
+[gate; up] concatenation only after that, leaves every output bitwise the same; the context is spent afterwards (a
+second backward is refused, naming ctx); the eager autograd path frees the saved context unless the graph is
+retained, and a retained graph's second backward gives the same bits. The GPU side:
+tests/gpu/test_fast_release_memory.py (the peak follows its plan) and benchmarks/bench_moe.py's peak column."""
 import weakref
 
 import pytest
