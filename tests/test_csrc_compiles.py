@@ -1,7 +1,7 @@
 """CPU check (no GPU needed): every csrc/ translation unit compiles with nvcc for sm_90a (-c only),
 with the same flags the fast path's build uses, so a build break cannot land unnoticed; ptxas serialises no
 kernel's wgmma instructions (a silent loss of most of a GEMM's speed, which the library's build does not fail on), and
-no kernel spills registers but the one epilogue known to (SPILL_ALLOWED).
+no kernel spills registers.
 Skipped, with the reason, when nvcc or the CUTLASS headers (pip install nvidia-cutlass) are absent."""
 import os
 import subprocess
@@ -26,12 +26,6 @@ def _compile(nvcc, flags, src, out_dir):
     return src, r.returncode, r.stderr
 
 
-# The kernels allowed to spill registers: the d_a GEMM's SwiGLU-backward epilogue in the ping-pong tiles computes
-# with the tile's 192 fp32 accumulators live in its 240 registers (docs/fast_path.md, "SwiGLU backward in the d_a
-# epilogue"). A spill anywhere else (a mainloop, another epilogue) is a new loss of speed that no CPU test would see.
-SPILL_ALLOWED = ("SwigluBwdStagedEpilogueArray",)
-
-
 def test_every_translation_unit_compiles_for_sm90a(tmp_path):
     nvcc, flags = _toolchain()
     srcs = _build.sources()
@@ -45,8 +39,10 @@ def test_every_translation_unit_compiles_for_sm90a(tmp_path):
     assert "-gencode=arch=compute_90a,code=sm_90a" in flags
     serialized = [(Path(s).name, line) for s, _, err in results for line in _build.serialized_wgmma(err)]
     assert not serialized, "ptxas serialised wgmma instructions:\n" + "\n".join(f"{s}: {l}" for s, l in serialized)
-    spills = [(Path(s).name, k) for s, _, err in results for k in _build.spilling_kernels(err)
-              if not any(a in k for a in SPILL_ALLOWED)]
+    # A spill (in a mainloop or an epilogue) is a loss of speed that no other CPU test would see. Until run 30 the d_a
+    # GEMM's SwiGLU-backward epilogue in the ping-pong tiles was let spill (its own cp.async copies beside the tile's
+    # 192 accumulators); the epilogue load warp makes those copies now, and no kernel spills.
+    spills = [(Path(s).name, k) for s, _, err in results for k in _build.spilling_kernels(err)]
     assert not spills, "kernels spilling registers:\n" + "\n".join(f"{s}: {k[:300]}" for s, k in spills)
 
 

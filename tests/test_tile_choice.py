@@ -138,9 +138,10 @@ def test_row_tiled_gemms_take_ping_pong_up_to_pingpong_max_i(monkeypatch, H, I, 
         assert _tiles.variant(kind, H, I) == want, kind
 
 
-def test_the_fused_swiglu_backward_runs_the_staged_ping_pong_tile(monkeypatch):
-    """GEMM_NN_SWIGLU_BWD's ping-pong variants stage [g | u] through shared memory (epilogue_swiglu_bwd_staged.cuh);
-    when the switch asks for the fused launch, the rule picks the one without clusters, on every shape."""
+def test_the_fused_swiglu_backward_runs_the_ping_pong_tile(monkeypatch):
+    """GEMM_NN_SWIGLU_BWD's ping-pong variants load [p | q] into shared memory ahead of the epilogue (the epilogue load
+    warp, epilogue_swiglu_bwd_loaded.cuh); when the switch asks for the fused launch, the rule picks the one without
+    clusters, on every shape."""
     monkeypatch.delenv(_tiles.ENV, raising=False)
     for H, I in ((2048, 768), (4096, 1536), (2048, 1024), (7168, 2048), (4096, 14336)):
         assert _tiles.variant(_lib.GEMM_NN_SWIGLU_BWD, H, I) == _tiles.PINGPONG

@@ -18,8 +18,10 @@ reductions are long: each about 10% faster in it, run 6).
 
 Every layer (8 splitting I and S) runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD:
 [dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor read back by the
-swiglu_bwd kernel; the same bits) in the ping-pong tile without clusters, whose epilogue stages the forward's [p | q]
-through shared memory (csrc/epilogue_swiglu_bwd_staged.cuh) and overlaps the other warpgroup's mainloop. Since run 27
+swiglu_bwd kernel; the same bits) in the ping-pong tile without clusters, whose epilogue reads the forward's [p | q]
+from shared memory, where the kernel's epilogue load warp has copied it ahead (csrc/epilogue_swiglu_bwd_loaded.cuh;
+since run 30, 2.5-9% faster alone than the consumer's own copies before), and overlaps the other warpgroup's
+mainloop. Since run 27
 the forward keeps [p | q] = [u * silu'(g) | silu(g)] instead of [g | u], so that epilogue is two products a pair:
 the d_a step alone went from 0.99 (the pair) to 0.79 ms on Qwen3-30B-A3B, 1.46 to 1.15 on OLMoE-1B-7B, 1.45 to 1.18
 on mid-64e, and whole steps of Qwen3-30B-A3B and OLMoE-1B-7B, which kept the pair until then (I <= 1024), 5-7%
@@ -146,7 +148,7 @@ def variant(kind: int, H: int, I: int) -> int:
         return PINGPONG_2X1                            # takes `wgrad_variant` over its outputs' shapes instead)
     if kind == _lib.GEMM_TT_F32_SMALL:  # one tile whatever the variant
         return COOPERATIVE
-    if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the staged epilogue overlaps the other warpgroup's mainloop
+    if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the ping-pong epilogue overlaps the other warpgroup's mainloop
         return PINGPONG
     return PINGPONG if I <= PINGPONG_MAX_I else COOPERATIVE
 

@@ -1,6 +1,7 @@
 """The d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD: the forward's [p | q] loaded into
-registers in the cooperative tiles, csrc/epilogue_swiglu_bwd.cuh, and staged through shared memory in the ping-pong
-ones, which the rule runs, csrc/epilogue_swiglu_bwd_staged.cuh; the default wherever 8 splits I and S,
+registers in the cooperative tiles, csrc/epilogue_swiglu_bwd.cuh, and copied into shared memory by the epilogue load
+warp in the ping-pong ones, which the rule runs, csrc/epilogue_swiglu_bwd_loaded.cuh; the default wherever 8 splits I
+and S,
 MOK_FAST_FUSE_SWIGLU_BWD=0 turns it off) gives the bits of the unfused pair: the GEMM_NN_F32 d_a GEMM (fp32 d_a
 written out) followed by the swiglu_bwd kernel, for the routed rows and the shared expert, under every tile variant,
 on shapes with uneven and empty experts, token counts that are not multiples of 128 and I, S that are not multiples
@@ -113,7 +114,7 @@ def test_the_switch_keeps_every_output_of_the_layer(monkeypatch, cfg):
     "n",       # N not a multiple of 8
 ])
 def test_the_library_refuses_p_q_rows_not_16_byte_aligned(what):
-    """The staged epilogue copies [p | q] in 16-byte chunks: the C side refuses rows it cannot copy that way (the
+    """The ping-pong epilogue copies [p | q] in 16-byte chunks: the C side refuses rows it cannot copy that way (the
     binding's segments never build one; this calls the library directly)."""
     a = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
     b = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")

@@ -22,7 +22,7 @@
 #include "cutlass/util/packed_stride.hpp"
 
 #include "epilogue_swiglu_bwd.cuh"
-#include "epilogue_swiglu_bwd_staged.cuh"
+#include "epilogue_swiglu_bwd_loaded.cuh"
 #include "epilogue_swiglu_fwd.cuh"
 #include "gemm_kinds.h"
 #include "mainloop_gate_up.cuh"
@@ -86,13 +86,13 @@ struct GroupedGemm {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, LayoutD*, AlignD, ElementD, LayoutD*, AlignD, EpilogueSchedule_,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
-  // The SwiGLU backward: [p | q] staged through shared memory in the ping-pong tiles (one warpgroup's epilogue at a
-  // time, overlapping the other's mainloop), loaded into registers in the cooperative ones.
+  // The SwiGLU backward: in the ping-pong tiles [p | q] comes through shared memory, copied there by the kernel's
+  // epilogue load warp ahead of each tile's epilogue (one warpgroup's epilogue at a time, overlapping the other's
+  // mainloop); in the cooperative ones each thread loads it into registers.
   static constexpr bool kPingpongSchedule =
       cute::is_same_v<KernelSchedule_, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
   using SwigluEpilogue = cute::conditional_t<
-      kPingpongSchedule,
-      StagedEpilogueAdapter<SwigluBwdStagedEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>,
+      kPingpongSchedule, SwigluBwdLoadedEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>,
       cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
           SwigluBwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>>;
   using SwigluFwdEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
