@@ -1,12 +1,11 @@
 """The d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD: the forward's [p | q] loaded into
 registers in the cooperative tiles, csrc/epilogue_swiglu_bwd.cuh, and copied into shared memory by the epilogue load
 warp in the ping-pong ones, which the rule runs, csrc/epilogue_swiglu_bwd_loaded.cuh; the default wherever 8 splits I
-and S,
-MOK_FAST_FUSE_SWIGLU_BWD=0 turns it off) gives the bits of the unfused pair: the GEMM_NN_F32 d_a GEMM (fp32 d_a
-written out) followed by the swiglu_bwd kernel, for the routed rows and the shared expert, under every tile variant,
-on shapes with uneven and empty experts, token counts that are not multiples of 128 and I, S that are not multiples
-of a sub-tile's 32 columns, and with saved factors whose products overflow (and infinities and NaN); and the whole
-layer gives the same nine outputs with the switch on as off."""
+and S, MOK_FAST_FUSE_SWIGLU_BWD=0 turns it off) gives the bits of the unfused pair: the GEMM_NN_F32 d_a GEMM (fp32
+d_a written out) followed by the swiglu_bwd kernel, for the routed rows and the shared expert, under every tile
+variant, on shapes with uneven and empty experts, token counts that are not multiples of 128 and I, S that are not
+multiples of a sub-tile's 32 columns, and with saved factors whose products overflow (and infinities and NaN); and
+the whole layer gives the same nine outputs with the switch on as off."""
 import pytest
 import torch
 
