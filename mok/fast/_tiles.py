@@ -17,17 +17,17 @@ else the cooperative 128x256 tile (I = 2048 a tie in run 16; Mixtral-8x7B's I = 
 reductions are long: each about 10% faster in it, run 6).
 
 Every layer (8 splitting I and S) runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD:
-[dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor read back by the swiglu_bwd
-kernel; the same bits) in the ping-pong tile without clusters, whose epilogue reads the forward's [p | q] from shared
-memory, where the kernel's epilogue load warp has copied it ahead (csrc/epilogue_swiglu_bwd_loaded.cuh; since run 30,
-2.5-9% faster alone than the consumer's own copies before), and overlaps the other warpgroup's mainloop. Since run 27
-the forward keeps [p | q] = [u * silu'(g) | silu(g)] instead of [g | u], so that epilogue is two products a pair: the
-d_a step alone went from 0.99 (the pair) to 0.79 ms on Qwen3-30B-A3B, 1.46 to 1.15 on OLMoE-1B-7B, 1.45 to 1.18 on
-mid-64e, and whole steps of Qwen3-30B-A3B and OLMoE-1B-7B, which kept the pair until then (I <= 1024), 5-7% faster in
-a burst and 1.2-1.6% at steady state (benchmarks/RESULTS.md run 27). Before run 27 (the epilogue took
-the SiLU of the saved [g | u]), alone it was faster than the pair too (benchmarks/RESULTS.md run 15,
-`python benchmarks/bench_d_act.py`: 1.01 -> 1.00 ms on Qwen3-30B-A3B, 1.50 -> 1.20 on mid-64e, 3.85 -> 3.65 on the
-DeepSeek-V3 slice, 3.75 -> 3.14 on Mixtral-8x7B).
+[dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor read back by the
+swiglu_bwd kernel; the same bits) in the ping-pong tile without clusters, whose epilogue reads the forward's [p | q]
+from shared memory, where the kernel's epilogue load warp has copied it ahead (csrc/epilogue_swiglu_bwd_loaded.cuh;
+since run 30, 0.6-9% faster alone than the consumer's own copies before), and overlaps the other warpgroup's
+mainloop. Since run 27 the forward keeps [p | q] = [u * silu'(g) | silu(g)] instead of [g | u], so that epilogue is
+two products a pair: the d_a step alone went from 0.99 (the pair) to 0.79 ms on Qwen3-30B-A3B, 1.46 to 1.15 on
+OLMoE-1B-7B, 1.45 to 1.18 on mid-64e, and whole steps of Qwen3-30B-A3B and OLMoE-1B-7B, which kept the pair until
+then (I <= 1024), 5-7% faster in a burst and 1.2-1.6% at steady state (benchmarks/RESULTS.md run 27). Before run 27
+(the epilogue took the SiLU of the saved [g | u]), alone it was faster than the pair too (benchmarks/RESULTS.md run
+15, `python benchmarks/bench_d_act.py`: 1.01 -> 1.00 ms on Qwen3-30B-A3B, 1.50 -> 1.20 on mid-64e, 3.85 -> 3.65 on
+the DeepSeek-V3 slice, 3.75 -> 3.14 on Mixtral-8x7B).
 A training step runs at the GPU's power limit, so what sets its speed is the energy a step takes: with steps back
 to back for seconds (`python benchmarks/energy_probe.py`, run 16) the fused launch takes 1.1-3.4% less energy per
 step and 0.7-2.0% less time on mid-64e, the DeepSeek-V3 slice and Mixtral-8x7B, and more of both on Qwen3-30B-A3B

@@ -10,7 +10,7 @@
 // (cp.async.mbarrier.arrive.noinc); the consumer warpgroup waits on it, stores its products and releases the
 // sub-tile. So a tile's first sub-tiles are in shared memory before its mainloop ends. Until run 30 the consumer
 // warpgroup made the copies itself, three sub-tiles ahead, once its accumulators were done (the "staged" epilogue):
-// the d_a step alone took 2.5-9% longer on five shapes (benchmarks/RESULTS.md run 30), and that kernel spilled
+// the d_a step alone took 0.6-10% longer on five shapes (benchmarks/RESULTS.md run 30), and that kernel spilled
 // registers, which this one does not. Each output element still comes from one CTA's accumulator walking K in
 // order: bitwise reproducible and batch invariant.
 #pragma once
