@@ -1,8 +1,8 @@
-// What the two operator-style SwiGLU epilogues (epilogue_swiglu_bwd.cuh, epilogue_swiglu_fwd.cuh) share: the
-// interface of CUTLASS's DefaultEpilogueArray that the sm90 ptr-array kernels use through
-// Sm90TmaWarpSpecializedAdapter (types, per-group C and D pointers and strides, no workspace, no shared memory).
-// Each epilogue derives from it and adds its constructor, is_source_needed() and operator(), which turns a
-// consumer thread's accumulator fragment into outputs stored from registers.
+// What the SwiGLU epilogues share: the interface of CUTLASS's DefaultEpilogueArray (types, per-group C and D pointers
+// and strides, no workspace). The two operator-style ones (epilogue_swiglu_bwd.cuh, epilogue_swiglu_fwd.cuh) run
+// through Sm90TmaWarpSpecializedAdapter and add their constructor, is_source_needed() and operator(), which turns a
+// consumer thread's accumulator fragment into outputs stored from registers; epilogue_swiglu_bwd_loaded.cuh adds the
+// rest of a collective epilogue itself (its load warp's pipeline and shared memory).
 #pragma once
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
