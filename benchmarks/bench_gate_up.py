@@ -68,12 +68,12 @@ def measure(name: str, c: dict, variants: list[int], a) -> list[float | None]:
             fused_ms.append(None)
             continue
         if not a.no_check:
-            got = _forward.gate_up_swiglu(x_TH, x_RH, sched, d, w_gu, w_gu_s, v)
+            got = _forward.gate_up_swiglu(x_TH, x_RH, sched, d, g, u, sg, su, v)
             for what, x, y in zip(("[g | u]", "shared [g | u]", "a", "shared a"), got, want):
                 if y is not None:
                     n = placed if x.shape[0] == want[0].shape[0] else x.shape[0]
                     assert_bitwise_equal(x[:n], y[:n], f"{name} variant {v}: {what}")
-        fused_ms.append(timed_ms(lambda: _forward.gate_up_swiglu(x_TH, x_RH, sched, d, w_gu, w_gu_s, v),
+        fused_ms.append(timed_ms(lambda: _forward.gate_up_swiglu(x_TH, x_RH, sched, d, g, u, sg, su, v),
                                  a.rounds, a.reps))
     return [gemm_ms, bf16_ms, kern_ms, pair_ms, *fused_ms]
 

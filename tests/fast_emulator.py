@@ -83,8 +83,12 @@ def grouped_gemm(kind, segments, device, variant=0):
                 continue
             if s.rows_dim == 0:  # D [rows, n] = A [rows, k] . B
                 a = _operand(s.a, e, off, rows, s.k)
-                if kind in (_lib.GEMM_TN_F32, _lib.GEMM_TN_BF16, _lib.GEMM_TN_SWIGLU_FWD):
+                if kind == _lib.GEMM_TN_SWIGLU_FWD and s.b_up is not None:  # gate rows in b, up rows in b_up
+                    b_nk = torch.cat([_operand(s.b, e, off, s.n // 2, s.k), _operand(s.b_up, e, off, s.n // 2, s.k)])
+                elif kind in (_lib.GEMM_TN_F32, _lib.GEMM_TN_BF16, _lib.GEMM_TN_SWIGLU_FWD):
                     b_nk = _operand(s.b, e, off, s.n, s.k)
+                elif s.b_up is not None:  # NN, B [k, n] with K rows [0, k/2) in b and [k/2, k) in b_up
+                    b_nk = torch.cat([_operand(s.b, e, off, s.k // 2, s.n), _operand(s.b_up, e, off, s.k // 2, s.n)]).t()
                 else:  # NN: B [k, n]
                     b_nk = _operand(s.b, e, off, s.k, s.n).t()
                 out = reference.matmul_exact(a.contiguous(), b_nk.contiguous())

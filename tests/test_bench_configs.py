@@ -399,3 +399,12 @@ def test_bench_moe_losses_name_only_peers_and_the_peak_memory():
     assert slower == "mok slower than a peer on: a random mok_gu vs grouped_mm (fwd+bwd)", slower
     assert bigger == "mok's peak memory above a peer's on: a random mok vs grouped_mm (2.00 against 1.50 GiB)", bigger
     assert losses(rows[3:]) == ["mok slower than a peer on: none", "mok's peak memory above a peer's on: none"]
+
+
+def test_main_check_run31_ab_configs_are_suite_shapes(tmp_path):
+    """Run 31's ab and fwd-ab steps name suite shapes only (bench_moe.py and bench_fused.py would stop at an unknown
+    one), each once."""
+    suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
+    for step in ("ab-configs", "fwd-configs"):
+        names = _script_step("main_check_run31.sh", step, tmp_path)[0].split(",")
+        assert len(names) == len(set(names)) >= 4 and set(names) <= suite, (step, sorted(set(names) - suite))

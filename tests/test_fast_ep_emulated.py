@@ -21,6 +21,8 @@ CFGS = {
     "sliced": MoEConfig(T=16, H=16, I=8, E=4, K=2, S=32),    # S/W = 16, 8: each rank computes its slice, pulls the rest
     "no_shared": MoEConfig(T=12, H=8, I=16, E=8, K=3, S=0),  # no shared expert, K = 3, W = 4: T = 3 per rank
 }
+# I and S / W (W <= 2) multiples of the d_x GEMM's K tile: separate gate and up tensors are read apart.
+APART = MoEConfig(T=16, H=16, I=64, E=4, K=2, S=128)
 
 
 def _stack_gate_up(local: dict) -> None:
@@ -32,10 +34,10 @@ def _stack_gate_up(local: dict) -> None:
 
 
 def _no_concatenation(*args):
-    raise AssertionError("gate and up were concatenated although they are halves of one tensor")
+    raise AssertionError("gate and up were concatenated although the d_x GEMM can read them as they are")
 
 
-def _run(rank, world_size, group, inputs, W, via_op, stacked=False):
+def _run(rank, world_size, group, inputs, W, via_op, stacked=False, apart=False):
     import fast_emulator
 
     import mok.fast
@@ -53,6 +55,11 @@ def _run(rank, world_size, group, inputs, W, via_op, stacked=False):
         _stack_gate_up(local)
         from mok.fast import _backward
 
+        _backward._concat = _no_concatenation
+    if apart:  # two tensors, never concatenated
+        from mok.fast import _backward
+
+        assert _backward.dx_reads_apart(local["routed_gate"], local["routed_up"])
         _backward._concat = _no_concatenation
     args = [local[a] for a in LAYER_ARGS]
     if via_op:
@@ -76,8 +83,8 @@ def _run(rank, world_size, group, inputs, W, via_op, stacked=False):
     return {k: (v.detach().clone() if v is not None else None) for k, v in out.items()}
 
 
-def _world(inputs, W, via_op=False, stacked=False):
-    return unshard_outputs(launch(_run, (inputs, W, via_op, stacked), W if W > 1 else 1, timeout_s=60))
+def _world(inputs, W, via_op=False, stacked=False, apart=False):
+    return unshard_outputs(launch(_run, (inputs, W, via_op, stacked, apart), W if W > 1 else 1, timeout_s=60))
 
 
 @pytest.mark.parametrize("name", list(CFGS))  # the three CFGS above: shared, sliced, no_shared
@@ -106,6 +113,20 @@ def test_gate_up_halves_of_one_tensor_give_the_same_bits_without_a_concatenation
         for k in OUTPUT_NAMES:
             if want[k] is not None:
                 assert_bitwise_equal(got[k], want[k], f"stacked W={W} {k}")
+
+
+@pytest.mark.parametrize("W", [1, 2])  # the expert-parallel code path with a group of one / two ranks
+def test_two_gate_up_tensors_give_the_one_tensor_bits_without_a_concatenation(W):
+    """Gate and up as two tensors whose rows are whole K tiles of the d_x GEMM: the forward's fused gate/up GEMM and
+    the backward's d_x GEMM read them apart (the emulated b_up operand; no concatenation), and every output is
+    bitwise that of the same weights as one [gate; up] tensor."""
+    inputs = make_inputs(APART, seed=27)
+    want = _world(inputs, W, stacked=True)
+    got = _world(inputs, W, apart=True)
+    for k in OUTPUT_NAMES:
+        assert (got[k] is None) == (want[k] is None), k
+        if want[k] is not None:
+            assert_bitwise_equal(got[k], want[k], f"two tensors W={W} {k}")
 
 
 def test_the_values_are_the_layers():

@@ -1,12 +1,16 @@
 """Gate and up as the two halves of one [gate; up] tensor (mok/fast/_checks.py `stacked_gate_up`): which
 pairs of tensors are recognised, and that mok.nn.ops rounds float32 gate/up pairs into such a tensor and
 transformers' fused gate_up_proj reaches the layer as one, so the fast path's backward concatenates
-nothing. The kernels reading it are tested in tests/test_fast_ep_emulated.py (CPU stand-ins) and
-tests/gpu/test_fast_determinism.py (bits: test_gate_up_halves_of_one_tensor_give_the_separate_tensors_bits)."""
+nothing; and which pairs the fused gate/up GEMM reads as two tensors (`gate_up_halves`) and what the binding
+refuses there. The kernels reading them are tested in tests/test_fast_ep_emulated.py (CPU stand-ins),
+tests/gpu/test_fast_determinism.py (bits: test_gate_up_halves_of_one_tensor_give_the_separate_tensors_bits) and
+tests/gpu/test_fast_fused_fwd.py (two tensors against one)."""
 import pytest
 import torch
 
-from mok.fast._checks import stacked_gate_up
+from mok.fast import _lib
+from mok.fast._checks import gate_up_halves, stacked_gate_up
+from mok.fast._lib import Operand, Segment
 from mok.nn import ops
 
 L, I, H, S = 3, 8, 16, 8
@@ -97,3 +101,60 @@ def test_transformers_gate_up_proj_reaches_the_layer_as_one_tensor(monkeypatch):
         assert seen["stacked"] is not None, (transposed, concatenated)
         if not transposed and concatenated:  # stored so: the parameter itself, no copy
             assert seen["stacked"].data_ptr() == mod.gate_up_proj.data_ptr()
+
+
+def _apart(n_gap: int, up_first: bool, *shape):
+    """gate and up, two contiguous bf16 tensors of `shape` in one buffer, n_gap elements between them."""
+    n = torch.Size(shape).numel()
+    flat = torch.zeros(2 * n + n_gap, dtype=torch.bfloat16)
+    first, second = flat[:n].view(shape), flat[n + n_gap:].view(shape)
+    return (second, first) if up_first else (first, second)
+
+
+@pytest.mark.parametrize("make, stacked", [
+    (lambda: _w(L, 2 * I, H).to(torch.bfloat16).chunk(2, dim=1), True),   # halves of one tensor: b = [gate; up]
+    (lambda: (_w(L, I, H), _w(L, I, H)), False),                         # two tensors
+    (lambda: _apart(8, False, L, I, H), False),                          # 16 bytes apart, no whole rows
+    (lambda: _apart(8, True, L, I, H), False),                           # up first in memory
+    (lambda: _apart(8, False, S, H), False),                             # shared: [S, H] each
+])
+def test_pairs_the_fused_gate_up_gemm_reads(make, stacked):
+    gate, up = make()
+    b, b_up, expert_stride = gate_up_halves(gate, up)
+    if stacked:
+        assert b_up is None and b.data_ptr() == gate.data_ptr() and expert_stride == 2 * I * H
+    else:
+        assert b is gate and b_up is up and expert_stride == (I * H if gate.dim() == 3 else 0)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _apart(4, False, L, I, H),                              # 8 bytes apart: no TMA stride
+    lambda: (lambda w: (w, w))(_w(L, I, H)),                        # one tensor twice
+    lambda: (lambda w: (w[:, 0::2], w[:, 1::2]))(_w(L, 2 * I, H)),  # interleaved rows: not contiguous
+    lambda: tuple(reversed(_w(L, 2 * I, H).chunk(2, dim=1))),       # up rows first in one tensor: strided halves
+    lambda: (_w(L, I, H), _w(L, I, H + 8)),                         # shapes differ
+    lambda: (_w(L, I, H), _w(L, I, H).to(torch.bfloat16)),          # dtypes differ
+    lambda: (_w(S, H), None),                                       # no up
+])
+def test_pairs_it_does_not(make):
+    assert gate_up_halves(*make()) is None
+
+
+def _fused_segment(b_up, kind=_lib.GEMM_TN_SWIGLU_FWD):
+    x, w = torch.zeros(4, H, dtype=torch.bfloat16), torch.zeros(2 * I, H, dtype=torch.bfloat16)
+    d, a = torch.zeros(4, 2 * I), torch.zeros(4, I, dtype=torch.bfloat16)
+    fused = kind == _lib.GEMM_TN_SWIGLU_FWD
+    return Segment.all_rows(4, 2 * I, H, Operand(x, 0, 0, H), Operand(w, 0, 0, H), Operand(d, 0, 0, 2 * I),
+                            aux=Operand(a, 0, 0, I) if fused else None, b_up=b_up(w))
+
+
+@pytest.mark.parametrize("b_up, kind, match", [
+    (lambda w: Operand(w, 0, 0, H, offset=I * H), _lib.GEMM_TN_F32, "only for GEMM kind"),  # no up rows elsewhere
+    (lambda w: Operand(w, 0, 0, H + 8, offset=I * H), _lib.GEMM_TN_SWIGLU_FWD, "ld"),       # another row stride
+    (lambda w: Operand(w, 1, 0, H, offset=I * H), _lib.GEMM_TN_SWIGLU_FWD, "expert_stride"),
+    (lambda w: Operand(w, 0, 0, H, offset=4), _lib.GEMM_TN_SWIGLU_FWD, "16 bytes"),          # 8 bytes apart
+    (lambda w: Operand(w, 0, 0, H), _lib.GEMM_TN_SWIGLU_FWD, "nonzero"),                     # the gate rows again
+])
+def test_the_binding_refuses_b_up_the_kernel_cannot_read(b_up, kind, match):
+    with pytest.raises(ValueError, match=match):
+        _lib.check_segments(kind, [_fused_segment(b_up, kind)], torch.device("cpu"), 0)

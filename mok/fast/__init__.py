@@ -39,7 +39,8 @@ def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, route
         topk_weight: [T, K] fp32, used as given.
         shared_gate, shared_up: [S, H] bf16 or None; shared_down: [H, S] bf16 or None (S % 8 == 0).
         routed_gate, routed_up: [L, I, H] bf16, contiguous or the halves w[:, :I], w[:, I:] of one
-            [L, 2I, H] tensor (backward then reads w as is instead of concatenating them);
+            [L, 2I, H] tensor (backward reads w, or two contiguous tensors where 64 splits I and S, as they
+            are; it concatenates other pairs once per call);
             routed_down: [L, H, I] bf16 (I % 8 == 0): the L = E / W experts this rank owns (experts
             [rank*L, (rank+1)*L) of the layer).
         group: None (W = 1), or the torch.distributed process group of the W expert-parallel ranks

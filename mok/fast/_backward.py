@@ -3,8 +3,9 @@
 pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GEMM (+ shared; fp32 da)
 -> SwiGLU backward (dg | du, bf16) (both in one launch, the SwiGLU backward in the GEMM's epilogue, wherever 8
 splits I and S: the same bits, no fp32 da buffer; _tiles.fuse_swiglu_bwd) -> d_x rows grouped GEMM
-against [gate; up] (+ shared; read as is when gate and up are halves of one tensor, else concatenated on a side
-stream meanwhile, and that copy freed once the GEMM is queued) -> d_x combine (fp32, shared first then k
+against [gate; up] (+ shared; read as is when gate and up are halves of one tensor or two tensors the GEMM reads
+apart, `dx_reads_apart`, else concatenated on a side stream meanwhile, and that copy freed once the GEMM is queued)
+-> d_x combine (fp32, shared first then k
 ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs, gate/up then down with [dg | du] and
 the d_x rows freed in between (fp32 accumulators reduced over the expert's rows in canonical order, one CTA per
 output tile; gate/up gradients as halves of one buffer where the weights are) -> zero empty experts -> NaN poison of
@@ -20,7 +21,7 @@ import torch
 
 from ..reference import Dims
 from . import _lib, _tiles
-from ._checks import stacked_gate_up
+from ._checks import gate_up_halves, stacked_gate_up
 from ._forward import FastContext, _empty
 from ._lib import Operand, Segment
 
@@ -40,22 +41,43 @@ def _concat(gate, up, dim: int, out) -> None:
     torch.cat([gate, up], dim=dim, out=out)
 
 
+DX_K_TILE = 64  # the d_x GEMM's K tile in every variant: B's halves read apart must be whole tiles of it
+
+
+def dx_reads_apart(gate, up) -> bool:
+    """Whether the d_x GEMM reads `gate` and `up` ([L, I, H] or [S, H] bf16, not the halves of one tensor) as two
+    tensors, K rows [0, I) and [I, 2I) of its B (csrc/mainloop_k_halves.cuh): the fused gate/up GEMM's conditions
+    (`_checks.gate_up_halves`) and I (or S) a multiple of its K tile."""
+    halves = gate_up_halves(gate, up)
+    return halves is not None and halves[1] is not None and gate.shape[-2] % DX_K_TILE == 0
+
+
+def needs_concat(gate, up) -> bool:
+    """Whether the d_x GEMM needs a [gate; up] copy of this pair: neither halves of one tensor nor read apart."""
+    return gate is not None and stacked_gate_up(gate, up) is None and not dx_reads_apart(gate, up)
+
+
 def gate_up_weights(rg, ru, sg, su, side: torch.cuda.Stream | None = None):
-    """(w_gu [E, 2I, H], w_gu_s [2S, H] or None): the [gate; up] weights of the d_x GEMM's one accumulation
-    over 2I. Views when gate and up already are halves of one tensor (`stacked_gate_up`: mok.nn.ops casts
-    float32 weights so, transformers stores `gate_up_proj` so); else concatenated into new buffers (allocated
-    on the current stream), on `side` after the current stream's work so far when given. `side` waits for the
-    current stream even when nothing is concatenated, so that the caller's later wait for `side` never depends on
-    work outside a CUDA graph being captured (cudaErrorStreamCaptureIsolation)."""
+    """((w_gu, w_up), (w_gu_s, w_up_s)): the B operands of the d_x GEMM's one accumulation over 2I, routed then
+    shared (each None when absent). w_gu is the [E, 2I, H] ([2S, H]) [gate; up] tensor and w_up None: a view when
+    gate and up already are halves of one tensor (`stacked_gate_up`: mok.nn.ops casts float32 weights so,
+    transformers stores `gate_up_proj` so), else a concatenation into a new buffer (allocated on the current
+    stream), made on `side` after the current stream's work so far when given. Or w_gu = gate and w_up = up, read
+    apart by the GEMM (`dx_reads_apart`: no copy). `side` waits for the current stream even when nothing is
+    concatenated, so that the caller's later wait for `side` never depends on work outside a CUDA graph being
+    captured (cudaErrorStreamCaptureIsolation)."""
     out, todo = [], []
     for gate, up, dim in ((rg, ru, 1), (sg, su, 0)):
         w = None if gate is None else stacked_gate_up(gate, up)
+        if gate is not None and w is None and dx_reads_apart(gate, up):
+            out.append((gate, up))
+            continue
         if gate is not None and w is None:
             shape = list(gate.shape)
             shape[dim] *= 2
             w = torch.empty(shape, dtype=gate.dtype, device=gate.device)
             todo.append((gate, up, dim, w))
-        out.append(w)
+        out.append((w, None))
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(rg.device))
     if todo:
@@ -124,21 +146,29 @@ def _d_act_gemm(ctx: FastContext, dy, go_RH, rd, sd, out, out_s, fused: bool) ->
     _tiles.grouped_gemm(kind, segs, (out if out is not None else out_s).device, H, I)
 
 
+def _dx_b(w, up, expert_stride: int, H: int):
+    """The d_x GEMM's (b, b_up) operands from one of `gate_up_weights`' pairs."""
+    if up is None:
+        return Operand(w, 2 * expert_stride, 0, H), None
+    return Operand(w, expert_stride, 0, H), Operand(up, expert_stride, 0, H)
+
+
 def d_input_rows(ctx: FastContext, dgu, dgu_s, w_gu, w_gu_s):
     """(dx rows [R, H] bf16, dx_s [T, H] bf16 or None) = [dg | du] · [W_gate; W_up], one fp32 accumulation;
-    dgu None: the shared part only (dx rows None)."""
+    dgu None: the shared part only (dx rows None). w_gu, w_gu_s: `gate_up_weights`' pairs."""
     d = ctx.dims
     H, I, S, T = d.H, d.I, d.S, d.T
     dev = (dgu if dgu is not None else dgu_s).device
     segs, dx_RH, dxs = [], None, None
     if dgu is not None:
         dx_RH = _empty(dev, torch.bfloat16, dgu.shape[0], H)
-        segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, H, 2 * I, Operand(dgu, 0, 2 * I, 2 * I),
-                                        Operand(w_gu, 2 * I * H, 0, H), Operand(dx_RH, 0, H, H)))
+        b, b_up = _dx_b(*w_gu, I * H, H)
+        segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, H, 2 * I, Operand(dgu, 0, 2 * I, 2 * I), b,
+                                        Operand(dx_RH, 0, H, H), b_up=b_up))
     if dgu_s is not None:
         dxs = _empty(dev, torch.bfloat16, T, H)
-        segs.append(Segment.all_rows(T, H, 2 * S, Operand(dgu_s, 0, 0, 2 * S), Operand(w_gu_s, 0, 0, H),
-                                     Operand(dxs, 0, 0, H)))
+        b, b_up = _dx_b(*w_gu_s, 0, H)
+        segs.append(Segment.all_rows(T, H, 2 * S, Operand(dgu_s, 0, 0, 2 * S), b, Operand(dxs, 0, 0, H), b_up=b_up))
     _tiles.grouped_gemm(_lib.GEMM_NN_BF16, segs, dev, H, I)
     return dx_RH, dxs
 
@@ -271,8 +301,7 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
     # Buffers used on both streams are allocated on the main one; every side-stream use is ordered
     # before the main stream's later work (main.wait_stream(side)), so none is reused too early.
     main, side = torch.cuda.current_stream(dev), _side_stream(dev)
-    concat_late = release_saved and (stacked_gate_up(rg, ru) is None or
-                                     (sg is not None and stacked_gate_up(sg, su) is None))
+    concat_late = release_saved and (needs_concat(rg, ru) or needs_concat(sg, su))
     if not concat_late:  # a concatenation overlaps pre-combine, d_a, SwiGLU bwd
         w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side)
 

@@ -39,6 +39,24 @@ def stacked_gate_up(gate: torch.Tensor | None, up: torch.Tensor | None) -> torch
     return gate.as_strided(stacked, strides, gate.storage_offset())
 
 
+def gate_up_halves(gate: torch.Tensor | None, up: torch.Tensor | None) -> tuple | None:
+    """How the fused gate/up GEMM reads `gate` and `up` ([L, I, H] or [S, H] bf16) as its B's two halves:
+    (b, b_up, expert_stride) with b the [gate; up] tensor and b_up None when they are the halves of one tensor
+    (`stacked_gate_up`), else b = gate and b_up = up, two contiguous tensors of one shape that start at distinct
+    16-byte aligned addresses (one tensormap spans both, csrc/mainloop_gate_up.cuh, which also asks them to lie
+    under 2^40 bytes apart and says so if not); None when neither holds (the unfused gate/up GEMM reads them)."""
+    both = stacked_gate_up(gate, up)
+    if both is not None:
+        return both, None, both.stride(0) if both.dim() == 3 else 0
+    if gate is None or up is None or gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device:
+        return None
+    if gate.dim() not in (2, 3) or gate.numel() == 0 or not (gate.is_contiguous() and up.is_contiguous()):
+        return None
+    if gate.data_ptr() % 16 or up.data_ptr() % 16 or gate.data_ptr() == up.data_ptr():
+        return None
+    return gate, up, gate.stride(0) if gate.dim() == 3 else 0
+
+
 def sizes_problem(H: int, I: int, S: int) -> str | None:
     """Why the fast path cannot take these sizes (16-byte rows for TMA: multiples of 8; S = 0 allowed), or None."""
     if H % 8 or I % 8 or S % 8:

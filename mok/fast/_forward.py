@@ -3,8 +3,8 @@
 schedule -> gather x rows (expert order) -> gate/up grouped GEMM (+ shared, one launch, fp32 [g | u] out)
 -> SwiGLU (bf16 a; [g | u] becomes the backward's [p | q] in place) -> down grouped GEMM (+ shared, one launch,
 bf16 out) -> combine (fp32, shared first, then k ascending, one bf16 rounding; NaN when the routing flag is set).
-When gate and up are the halves of one tensor, the gate/up GEMM writes a too (GEMM_TN_SWIGLU_FWD,
-`gate_up_swiglu`; _tiles.py says when).
+The gate/up GEMM writes a too (GEMM_TN_SWIGLU_FWD, `gate_up_swiglu`; _tiles.py says when), reading gate and up
+as the halves of one tensor or as two tensors (`_checks.gate_up_halves`).
 All on the current stream, no host synchronisation; buffers sized for the dropless worst case.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from ..reference import Dims
 from . import _lib, _tiles
-from ._checks import stacked_gate_up
+from ._checks import gate_up_halves, stacked_gate_up
 from ._lib import Operand, Segment
 
 
@@ -78,33 +78,50 @@ def gate_up(x_TH, x_RH, sched: Schedule, d: Dims, routed_gate, routed_up, shared
     return gu, gu_s
 
 
-def gate_up_swiglu(x_TH, x_RH, sched: Schedule, d: Dims, w_gu, w_gu_s, variant: int):
+def _b_halves(halves, ld: int) -> tuple:
+    """(b, b_up) operands of the fused gate/up GEMM from `_checks.gate_up_halves`'s (b, b_up, expert_stride)."""
+    b, up, es = halves
+    return Operand(b, es, 0, ld), (Operand(up, es, 0, ld) if up is not None else None)
+
+
+def gate_up_swiglu(x_TH, x_RH, sched: Schedule, d: Dims, routed_gate, routed_up, shared_gate, shared_up,
+                   variant: int):
     """(pq [R, 2I] fp32, pq_s [T, 2S] fp32 or None, a [R, I] bf16, a_s [T, S] bf16 or None): `gate_up` and
     `swiglu` in one launch (GEMM_TN_SWIGLU_FWD, tile `variant`), the same bits ([p | q] where `gate_up` gives
-    [g | u]). w_gu: bf16 [E, 2I, H] = [gate; up] of each expert; w_gu_s: bf16 [2S, H] (or None when S = 0)."""
+    [g | u]). routed_gate, routed_up: bf16 [E, I, H]; shared_gate, shared_up: bf16 [S, H] (None when S = 0); each
+    pair the halves of one tensor or two tensors that `_checks.gate_up_halves` accepts (ValueError otherwise)."""
     dev, (T, H, I, S, E) = x_TH.device, (d.T, d.H, d.I, d.S, d.E)
     R = x_RH.shape[0]
+    pairs = [("routed_gate, routed_up", routed_gate, routed_up)] + (
+        [("shared_gate, shared_up", shared_gate, shared_up)] if S else [])
+    halves = []
+    for names, gate, up in pairs:
+        h = gate_up_halves(gate, up)
+        if h is None:
+            raise ValueError(f"{names}: the fused gate/up GEMM reads them as the halves of one tensor or as two "
+                             f"contiguous tensors of one shape at distinct 16-byte aligned addresses")
+        halves.append(h)
     pq, a = _empty(dev, torch.float32, R, 2 * I), _empty(dev, torch.bfloat16, R, I)
-    segs = [Segment.expert_rows(sched.offsets, E, 2 * I, H, Operand(x_RH, 0, H, H), Operand(w_gu, 2 * I * H, 0, H),
-                                Operand(pq, 0, 2 * I, 2 * I), aux=Operand(a, 0, I, I))]
+    b, b_up = _b_halves(halves[0], H)
+    segs = [Segment.expert_rows(sched.offsets, E, 2 * I, H, Operand(x_RH, 0, H, H), b,
+                                Operand(pq, 0, 2 * I, 2 * I), aux=Operand(a, 0, I, I), b_up=b_up)]
     pq_s = a_s = None
     if S:
         pq_s, a_s = _empty(dev, torch.float32, T, 2 * S), _empty(dev, torch.bfloat16, T, S)
-        segs.append(Segment.all_rows(T, 2 * S, H, Operand(x_TH, 0, 0, H), Operand(w_gu_s, 0, 0, H),
-                                     Operand(pq_s, 0, 0, 2 * S), aux=Operand(a_s, 0, 0, S)))
+        b, b_up = _b_halves(halves[1], H)
+        segs.append(Segment.all_rows(T, 2 * S, H, Operand(x_TH, 0, 0, H), b, Operand(pq_s, 0, 0, 2 * S),
+                                     aux=Operand(a_s, 0, 0, S), b_up=b_up))
     _lib.grouped_gemm(_lib.GEMM_TN_SWIGLU_FWD, segs, dev, variant)
     return pq, pq_s, a, a_s
 
 
-def fused_gate_up(d: Dims, routed_gate, routed_up, shared_gate, shared_up):
-    """(variant, w_gu, w_gu_s) for `gate_up_swiglu`, or None when this layer runs `gate_up` and `swiglu` apart:
-    gate and up (routed, and shared when S > 0) are not the halves of one tensor, or _tiles.py says no."""
-    w_gu = stacked_gate_up(routed_gate, routed_up)
-    w_gu_s = stacked_gate_up(shared_gate, shared_up) if d.S else None
-    if w_gu is None or (d.S and w_gu_s is None):
+def fused_gate_up(d: Dims, routed_gate, routed_up, shared_gate, shared_up) -> int | None:
+    """The tile variant of `gate_up_swiglu` for this layer, or None when it runs `gate_up` and `swiglu` apart:
+    gate and up (routed, and shared when S > 0) are neither halves of one tensor nor two tensors the fused GEMM can
+    read (`_checks.gate_up_halves`), or _tiles.py says no."""
+    if gate_up_halves(routed_gate, routed_up) is None or (d.S and gate_up_halves(shared_gate, shared_up) is None):
         return None
-    v = _tiles.fused_gate_up_variant(d.H, d.I, d.S)
-    return None if v is None else (v, w_gu, w_gu_s)
+    return _tiles.fused_gate_up_variant(d.H, d.I, d.S)
 
 
 def swiglu(gu, gu_s, sched: Schedule, d: Dims):
@@ -143,10 +160,9 @@ def run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, r
     sched = build_schedule(topk_idx, dims.E, R)
     x_RH = _empty(x.device, torch.bfloat16, R, dims.H)
     _lib.gather_rows(x, sched.pair_row, R, x_RH)
-    fused = fused_gate_up(dims, routed_gate, routed_up, shared_gate, shared_up)
-    if fused is not None:
-        v, w_gu, w_gu_s = fused
-        pq, pq_s, a_RI, a_s = gate_up_swiglu(x, x_RH, sched, dims, w_gu, w_gu_s, v)
+    v = fused_gate_up(dims, routed_gate, routed_up, shared_gate, shared_up)
+    if v is not None:
+        pq, pq_s, a_RI, a_s = gate_up_swiglu(x, x_RH, sched, dims, routed_gate, routed_up, shared_gate, shared_up, v)
     else:
         pq, pq_s = gate_up(x, x_RH, sched, dims, routed_gate, routed_up, shared_gate, shared_up)  # [g | u] here
         a_RI, a_s = swiglu(pq, pq_s, sched, dims)  # ... and [p | q] from here on

@@ -43,7 +43,7 @@ class MokOperand(ctypes.Structure):
 class MokSegment(ctypes.Structure):
     _fields_ = [("num_groups", _i32), ("rows_dim", _i32), ("fixed_rows", _i32), ("m", _i32), ("n", _i32),
                 ("k", _i32), ("offsets", _vp), ("a", MokOperand), ("b", MokOperand), ("d", MokOperand),
-                ("aux", MokOperand)]
+                ("aux", MokOperand), ("b_up", MokOperand)]
 
 
 # name: (restype, argtypes); pointers and cudaStream_t are c_void_p.
@@ -154,7 +154,10 @@ class Segment:
     or are `fixed_rows`, and are the M (rows_dim=0) or the K (rows_dim=2) of each GEMM; the other two
     sizes are the constants m, n, k. `aux`: the extra operand of a fused epilogue, with D's row structure
     (GEMM_NN_SWIGLU_BWD's fp32 [p | q] input, GEMM_TN_SWIGLU_FWD's bf16 a output), None for the other kinds.
-    Build one with the named constructors below."""
+    `b_up`: B's second half as another tensor with b's ld and strides, for GEMM_TN_SWIGLU_FWD the up rows of B
+    [n, k] (`b` then holds the n / 2 gate rows), for GEMM_NN_BF16 (the d_x GEMM) B [k, n]'s K rows [k/2, k) (`b`
+    holds rows [0, k/2); k/2 a multiple of B_UP_K_TILE); None: B is `b` alone (for GEMM_TN_SWIGLU_FWD its up rows
+    follow its gate rows). Build one with the named constructors below."""
     num_groups: int
     rows_dim: int
     m: int
@@ -166,20 +169,22 @@ class Segment:
     offsets: torch.Tensor | None = None
     fixed_rows: int = 0
     aux: Operand | None = None
+    b_up: Operand | None = None
 
     @classmethod
     def expert_rows(cls, offsets: torch.Tensor, groups: int, n: int, k: int, a: Operand, b: Operand, d: Operand,
-                    aux: Operand | None = None):
+                    aux: Operand | None = None, b_up: Operand | None = None):
         """Per-expert GEMM whose M is the expert's routed rows: D_e [rows(e), n] = A_e [rows(e), k] · B_e
         (or, for GEMM_NN_SWIGLU_BWD, D_e [rows(e), 2n] the SwiGLU backward of that product, reading aux_e; for
         GEMM_TN_SWIGLU_FWD, with [g | u] the product as for GEMM_TN_F32, D_e = [p | q] = [u * silu'(g) | silu(g)]
-        and aux_e [rows(e), n / 2] = bf16(silu(g) * u))."""
-        return cls(groups, 0, 0, n, k, a, b, d, offsets=offsets, aux=aux)
+        and aux_e [rows(e), n / 2] = bf16(silu(g) * u), B_e's up rows from b_up when given)."""
+        return cls(groups, 0, 0, n, k, a, b, d, offsets=offsets, aux=aux, b_up=b_up)
 
     @classmethod
-    def all_rows(cls, rows: int, n: int, k: int, a: Operand, b: Operand, d: Operand, aux: Operand | None = None):
+    def all_rows(cls, rows: int, n: int, k: int, a: Operand, b: Operand, d: Operand, aux: Operand | None = None,
+                 b_up: Operand | None = None):
         """One GEMM over a fixed row count (the shared expert, the router): D [rows, n] = A [rows, k] · B."""
-        return cls(1, 0, 0, n, k, a, b, d, fixed_rows=rows, aux=aux)
+        return cls(1, 0, 0, n, k, a, b, d, fixed_rows=rows, aux=aux, b_up=b_up)
 
     @classmethod
     def expert_wgrad(cls, offsets: torch.Tensor, groups: int, m: int, n: int, a: Operand, b: Operand, d: Operand):
@@ -194,7 +199,8 @@ class Segment:
     def c(self) -> MokSegment:
         return MokSegment(self.num_groups, self.rows_dim, self.fixed_rows, self.m, self.n, self.k,
                           _p(self.offsets), self.a.c(), self.b.c(), self.d.c(),
-                          self.aux.c() if self.aux is not None else MokOperand())
+                          self.aux.c() if self.aux is not None else MokOperand(),
+                          self.b_up.c() if self.b_up is not None else MokOperand())
 
 
 @functools.lru_cache(maxsize=None)
@@ -225,7 +231,9 @@ def check_segments(kind: int, segments: list[Segment], device: torch.device, var
         if (s.aux is not None) != fused:
             raise ValueError(f"segments: operand aux must be {'given' if fused else 'None'} for GEMM kind {kind} "
                              f"(only the fused kinds {tuple(FUSED_KINDS)} have it)")
-        for which in ("a", "b", "d") + (("aux",) if fused else ()):
+        if s.b_up is not None:
+            _check_b_up(kind, s)
+        for which in ("a", "b", "d") + (("aux",) if fused else ()) + (("b_up",) if s.b_up is not None else ()):
             t = getattr(s, which).tensor
             if t.device != device or not t.is_contiguous():
                 raise ValueError(f"segments: operand {which} must be a contiguous tensor on {device}")
@@ -233,6 +241,35 @@ def check_segments(kind: int, segments: list[Segment], device: torch.device, var
             want = " and ".join(str(t).removeprefix("torch.") for t in FUSED_KINDS[kind])
             raise TypeError(f"segments: GEMM kind {kind} takes d and aux of {want}, got {s.d.tensor.dtype} and "
                             f"{s.aux.tensor.dtype}")
+
+
+# Kinds whose segments may carry operand b_up, B's second half as another tensor: the fused gate/up kind's up rows
+# (csrc/mainloop_gate_up.cuh) and the d_x kind's K rows [k/2, k) (csrc/mainloop_k_halves.cuh, whose K tile is
+# B_UP_K_TILE).
+B_UP_KINDS = (GEMM_TN_SWIGLU_FWD, GEMM_NN_BF16)
+B_UP_K_TILE = 64
+
+
+def _check_b_up(kind: int, s: Segment) -> None:
+    """A segment's b_up (B's second half as another tensor): what the kernel's one tensormap over both halves
+    needs, the checks the C side makes too."""
+    if kind not in B_UP_KINDS:
+        raise ValueError(f"segments: operand b_up is only for GEMM kinds {B_UP_KINDS} (gate/up + SwiGLU, d_x), "
+                         f"got kind {kind}")
+    if kind == GEMM_NN_BF16 and s.k % (2 * B_UP_K_TILE):
+        raise ValueError(f"segments: with operand b_up, GEMM kind {kind}'s k / 2 (the rows of each half of B) must "
+                         f"be a multiple of {B_UP_K_TILE}, got k = {s.k}")
+    b, u = s.b, s.b_up
+    if u.tensor.dtype != b.tensor.dtype or (u.ld, u.expert_stride, u.row_stride) != (b.ld, b.expert_stride,
+                                                                                      b.row_stride):
+        raise ValueError("segments: operand b_up must have operand b's dtype, ld, expert_stride and row_stride")
+    size = b.tensor.element_size()
+    for which, op in (("b", b), ("b_up", u)):
+        if op.tensor.data_ptr() % 16 or op.offset * size % 16:
+            raise ValueError(f"segments: operand {which} must start on a whole number of 16 bytes when b_up is set "
+                             f"(one tensormap spans both halves)")
+    if u.tensor.data_ptr() == b.tensor.data_ptr() and u.offset == b.offset:
+        raise ValueError("segments: operand b_up must lie a nonzero distance from operand b (the gate rows)")
 
 
 # ---------------------------------------------------------------- schedule and per-row kernels

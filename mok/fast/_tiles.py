@@ -38,7 +38,8 @@ an H100: 10.60 against 10.57 and 31.25 against 31.20 ms steady), so the rule kee
 
 The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
 up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
-gate and up weights are the halves of one tensor and 8 splits I and S, always in the ping-pong 128x192 tile (that
+gate and up weights are the halves of one tensor or two tensors it can read (`_checks.gate_up_halves`; since run 31)
+and 8 splits I and S, always in the ping-pong 128x192 tile (that
 kind runs without clusters). The tile's halves (96 columns) need not split I: in the last tile they run past it and
 the epilogue stores nothing there. Until run 18 the halves had to split I and S, so the DeepSeek-V3 slice (I = 2048),
 Mixtral-8x7B (14336) and OLMoE-1B-7B (1024) ran the cooperative 128x256 tile, whose epilogue (fp32 [g | u] and bf16

@@ -3,14 +3,15 @@ rows as a gate half and an up half, csrc/epilogue_swiglu_fwd.cuh writes [p | q] 
 unfused pair: the GEMM_TN_F32 gate/up GEMM followed by the swiglu_fwd kernel (which turns [g | u] into [p | q]),
 for the routed rows and the shared expert, under every tile variant, on shapes with uneven and empty experts, token
 counts that are not multiples of 128 and intermediate sizes that a tile's halves do not split (the last tile partly
-past I), with pre-activations that saturate the sigmoid and overflow to infinity; a last tile partly past I stores
-nothing past column I; the whole layer gives the same nine outputs with the fusion on as off; the C side refuses
-what the kernel cannot do."""
+past I), with pre-activations that saturate the sigmoid and overflow to infinity, with gate and up as the halves of
+one tensor or as two tensors (up before or after gate in memory, apart by no whole number of rows); a last tile
+partly past I stores nothing past column I; the whole layer gives the same nine outputs with the fusion on as off;
+the C side refuses what the kernel cannot do."""
 import pytest
 import torch
 
 import mok.fast as fast
-from mok.fast import _forward, _lib, _tiles
+from mok.fast import _backward, _forward, _lib, _tiles
 from mok.fast._lib import Operand, Segment
 from mok.harness.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
 from mok.harness.cases import MoEConfig, make_inputs, with_stacked_gate_up
@@ -59,10 +60,10 @@ def test_fused_gate_up_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg,
     a, a_s = _forward.swiglu(pq, pq_s, sched, d)  # [g | u] -> [p | q] in place
     placed = int(sched.offsets[cfg.E])  # rows past the placed ones are never written by either
     assert placed > 0
-    w_gu, w_gu_s = _forward.stacked_gate_up(w[0], w[1]), _forward.stacked_gate_up(w[2], w[3])
+    assert _forward.stacked_gate_up(w[0], w[1]) is not None
     assert _tiles.fused_gate_up_fits(cfg.I, cfg.S)
     for v in range(_lib.NUM_GEMM_VARIANTS):
-        got = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, w_gu, w_gu_s, v)
+        got = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, *w, v)
         assert_bitwise_equal(got[0][:placed], pq[:placed], f"variant {v}: [p | q]")
         assert_bitwise_equal(got[2][:placed], a[:placed], f"variant {v}: a")
         if cfg.S:
@@ -72,6 +73,63 @@ def test_fused_gate_up_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg,
             assert got[1] is None and got[3] is None
     if wide:
         assert (~torch.isfinite(pq[:placed])).any() and (a[:placed].float().abs() > 1e3).any()
+
+
+def _two_tensors(gate, up, up_first: bool):
+    """Copies of gate and up as two contiguous tensors in one buffer, `up_first` or not, 8 elements (16 bytes)
+    apart: their starts differ by no whole number of rows, and neither is a half of one [gate; up] tensor."""
+    n = gate.numel()
+    flat = torch.full((2 * n + 8,), float("nan"), dtype=gate.dtype, device=gate.device)
+    first, second = flat[:n].view(gate.shape), flat[n + 8:].view(gate.shape)
+    g, u = (second, first) if up_first else (first, second)
+    g.copy_(gate)
+    u.copy_(up)
+    return g, u
+
+
+@pytest.mark.parametrize("cfg", SHAPES, ids=IDS)
+@pytest.mark.parametrize("up_first", [
+    False,  # gate's rows first in memory: the tensormap's base is gate
+    True,   # up's rows first: the base is up, and gate is its second half
+], ids=["gate_first", "up_first"])
+def test_two_tensors_give_the_one_tensor_bits_in_every_variant(cfg, up_first):
+    inputs, d, sched, x_RH = _prepared(cfg, 4, False)
+    w = [inputs[k] for k in ("routed_gate", "routed_up", "shared_gate", "shared_up")]
+    apart = [_two_tensors(w[0], w[1], up_first)] + ([_two_tensors(w[2], w[3], up_first)] if cfg.S else [(None, None)])
+    for g, u in apart[:1 + bool(cfg.S)]:
+        assert _forward.stacked_gate_up(g, u) is None and (u.data_ptr() < g.data_ptr()) == up_first
+        assert (abs(u.data_ptr() - g.data_ptr()) // 2) % cfg.H != 0, "the halves must not be whole rows apart"
+    placed = int(sched.offsets[cfg.E])
+    for v in range(_lib.NUM_GEMM_VARIANTS):
+        want = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, *w, v)
+        got = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, *apart[0], *apart[1], v)
+        assert_bitwise_equal(got[0][:placed], want[0][:placed], f"variant {v}: [p | q]")
+        assert_bitwise_equal(got[2][:placed], want[2][:placed], f"variant {v}: a")
+        if cfg.S:
+            assert_bitwise_equal(got[1], want[1], f"variant {v}: shared [p | q]")
+            assert_bitwise_equal(got[3], want[3], f"variant {v}: shared a")
+
+
+def test_the_layer_with_two_tensors_runs_fused_and_gives_the_one_tensor_bits(monkeypatch):
+    """make_inputs' gate and up are two tensors: the layer takes the fused launch for them (no fallback to the
+    unfused pair), its backward's d_x GEMM reads them apart (no concatenation: I and S are whole K tiles), and its
+    nine outputs are those of the same weights as one [gate; up] tensor."""
+    cfg = SHAPES[0]
+    inputs = make_inputs(cfg, 6, device="cuda")
+    monkeypatch.delenv(_tiles.ENV, raising=False)
+    monkeypatch.delenv(_tiles.FUSE_FWD_ENV, raising=False)
+    names = ("routed_gate", "routed_up", "shared_gate", "shared_up")
+    assert _forward.stacked_gate_up(inputs["routed_gate"], inputs["routed_up"]) is None
+    assert _forward.fused_gate_up(_dims(cfg), *(inputs[k] for k in names)) is not None
+    calls = []
+    real = _forward.gate_up_swiglu
+    monkeypatch.setattr(_forward, "gate_up_swiglu", lambda *a: calls.append(1) or real(*a))
+    assert cfg.I % 64 == 0 and cfg.S % 64 == 0
+    monkeypatch.setattr(_backward, "_concat", lambda *a: (_ for _ in ()).throw(AssertionError("concatenated")))
+    got = run_layer(inputs, impl=fast)
+    assert calls, "the layer did not take the fused gate/up launch for two tensors"
+    want = run_layer(with_stacked_gate_up(inputs), impl=fast)
+    assert_outputs_bitwise_equal(got, want, "two tensors against one [gate; up] tensor")
 
 
 @pytest.mark.parametrize("cfg", [
@@ -99,25 +157,40 @@ def _launch(kind, seg, variant=0):
     _lib._call("mok_grouped_gemm", torch.device("cuda", 0), kind, variant, arr, 1, _lib._p(ws), ws.numel(), 0)
 
 
-@pytest.mark.parametrize("n, aux, match", [
-    (2 * 132, True, "multiple of 16"),  # I = 132: the tiles store whole 8-column blocks of gate and of up
-    (2 * 128, False, "operand aux"),    # the a output is missing
+@pytest.mark.parametrize("n, aux, up, match", [
+    (2 * 132, True, None, "multiple of 16"),  # I = 132: the tiles store whole 8-column blocks of gate and of up
+    (2 * 128, False, None, "operand aux"),    # the a output is missing
+    (2 * 128, True, "ld", "b_up"),            # the up rows' ld differs from the gate rows'
+    (2 * 128, True, "odd", "16 bytes"),       # the up rows start 8 bytes from a 16-byte step: no TMA stride
+    (2 * 128, True, "same", "nonzero"),       # the up rows are the gate rows
 ])
-def test_the_library_refuses_what_the_fused_kernel_cannot_do(n, aux, match):
+def test_the_library_refuses_what_the_fused_kernel_cannot_do(n, aux, up, match):
     x = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
     w = torch.zeros(n, 128, dtype=torch.bfloat16, device="cuda")
     gu = torch.zeros(128, n, dtype=torch.float32, device="cuda")
     a = torch.zeros(128, n // 2, dtype=torch.bfloat16, device="cuda")
+    b_up = {None: None, "ld": Operand(w, 0, 0, 136, offset=n // 2 * 128), "odd": Operand(w, 0, 0, 128, offset=4),
+            "same": Operand(w, 0, 0, 128)}[up]
     seg = Segment.all_rows(128, n, 128, Operand(x, 0, 0, 128), Operand(w, 0, 0, 128), Operand(gu, 0, 0, n),
-                           aux=Operand(a, 0, 0, n // 2) if aux else None)
+                           aux=Operand(a, 0, 0, n // 2) if aux else None, b_up=b_up)
     with pytest.raises(RuntimeError, match=match):
         _launch(_lib.GEMM_TN_SWIGLU_FWD, seg, variant=0)
 
 
+def test_the_library_refuses_b_up_for_another_kind():
+    x = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
+    w = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
+    out = torch.zeros(128, 128, dtype=torch.float32, device="cuda")
+    seg = Segment.all_rows(128, 128, 128, Operand(x, 0, 0, 128), Operand(w, 0, 0, 128), Operand(out, 0, 0, 128),
+                           b_up=Operand(w, 0, 0, 128, offset=128 * 128))
+    with pytest.raises(RuntimeError, match="b_up is set"):
+        _launch(_lib.GEMM_TN_F32, seg, variant=0)
+
+
 @pytest.mark.parametrize("variant", range(_lib.NUM_GEMM_VARIANTS))  # every tile variant: halves of 96 or 128
 def test_a_last_tile_past_i_stores_nothing_past_it(variant):
-    """I = 136: the last tile's halves (96 or 128 columns) run past I, its gate half into up's rows of B and its up
-    half past B's last row. Nothing may land in the padding columns of [p | q] or of a (NaN before, NaN after), and
+    """I = 136: the last tile's halves (96 or 128 columns) run past I, each past its half's last row of B (TMA fills
+    zeros). Nothing may land in the padding columns of [p | q] or of a (NaN before, NaN after), and
     the stored columns are those of the float64 product [g | u] within rounding."""
     M, K, I, pad = 100, 64, 136, 8
     assert I % _tiles.HALF_TILE_N[variant], "the last tile must run past I"

@@ -108,18 +108,38 @@ def _ops_step(model, ws, x, dy):
     return {"y": y.detach().clone(), "d_x": x.grad.clone(), **{f"d_w{i}": w.grad.clone() for i, w in enumerate(ws)}}
 
 
-def test_separate_bf16_gate_and_up_are_concatenated_once_each_in_backward(monkeypatch):
-    """ops.moe on separate bf16 gate and up tensors: backward concatenates the routed and the shared pair once each
-    (the d_x GEMM reads [gate; up] as one operand)."""
+@pytest.mark.parametrize("shapes, concats", [
+    ((H, I, E, K, S), 0),            # I = 128, S = 64: whole K tiles of the d_x GEMM, read apart
+    ((H, I + 8, E, K, S + 8), 2),    # I = 136, S = 72: they are not, so each pair is concatenated once
+])
+def test_separate_bf16_gate_and_up_are_read_apart_or_concatenated_once_each_in_backward(monkeypatch, shapes, concats):
+    """ops.moe on separate bf16 gate and up tensors: the d_x GEMM reads them as two tensors where its K tile (64)
+    splits I and S (no copy), else backward concatenates the routed and the shared pair once each; the step's outputs
+    and gradients are bitwise those of the same weights as one [gate; up] tensor each (ops.moe_gate_up)."""
     from mok.fast import _backward
 
-    model = _model(torch.bfloat16)
+    h, i, e, k, s_ = shapes
+    torch.manual_seed(0)
+    model = mok.MoE(h, i, e, k, shared_intermediate_size=s_, backend="fast", dtype=torch.bfloat16).cuda()
     x, dy = _data()
     calls = []
     real = _backward._concat
     monkeypatch.setattr(_backward, "_concat", lambda *a: (calls.append(1), real(*a)))
-    _ops_step(model, _separate_inputs(model, torch.bfloat16), x, dy)
-    assert len(calls) == 2
+    ws = _separate_inputs(model, torch.bfloat16)
+    got = _ops_step(model, ws, x, dy)
+    assert len(calls) == concats
+    # the same weights as one [gate; up] tensor each (ops.moe_gate_up), the same routing
+    sgu, rgu = (torch.cat([ws[0], ws[1]]).detach().requires_grad_(),
+                torch.cat([ws[3], ws[4]], 1).detach().requires_grad_())
+    sd, rd = (w.detach().clone().requires_grad_() for w in (ws[2], ws[5]))
+    x2 = x.detach().clone().requires_grad_()
+    r = model.route(x2.detach())
+    y = ops.moe_gate_up(x2, r.topk_idx, r.topk_weight.detach(), sgu, sd, rgu, rd, backend="fast")
+    (y.float() * dy).sum().backward()
+    want = {"y": y, "d_x": x2.grad, "d_w0": sgu.grad[:s_], "d_w1": sgu.grad[s_:], "d_w2": sd.grad,
+            "d_w3": rgu.grad[:, :i], "d_w4": rgu.grad[:, i:], "d_w5": rd.grad}
+    for name, t in want.items():
+        assert_bitwise_equal(got[name], t.detach(), name)
 
 
 def test_fp32_gate_up_pairs_are_rounded_by_the_pair_kernel_with_torchs_bits(monkeypatch):

@@ -21,11 +21,13 @@ MOK_DECLARE_KIND(gemm_tt_f32_small)
 }  // namespace mok
 
 // NAME's entry points over the tile variants of grouped_gemm.cuh (layouts LA, LB; D type ED; epilogue
-// EPI, a mok::Epi); the caller (gemm_dispatch.cu) has checked variant in [0, MOK_GEMM_NUM_VARIANTS).
-#define MOK_DEFINE_KIND(NAME, LA, LB, ED, EPI)                                                  \
+// EPI, a mok::Epi; KH: B's K rows may be two tensors); the caller (gemm_dispatch.cu) has checked variant in
+// [0, MOK_GEMM_NUM_VARIANTS).
+#define MOK_DEFINE_KIND(NAME, LA, LB, ED, EPI) MOK_DEFINE_KIND_KH(NAME, LA, LB, ED, EPI, false)
+#define MOK_DEFINE_KIND_KH(NAME, LA, LB, ED, EPI, KH)                                           \
   namespace mok {                                                                               \
   template <int V>                                                                              \
-  using NAME##_v = typename VariantOf<LA, LB, ED, V, EPI>::type;                                \
+  using NAME##_v = typename VariantOf<LA, LB, ED, V, EPI, KH>::type;                            \
   size_t NAME##_workspace_bytes(int variant, int groups, int device) {                          \
     switch (variant) {                                                                          \
       case 1: return NAME##_v<1>::workspace_bytes(groups, device);                              \

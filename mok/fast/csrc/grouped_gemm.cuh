@@ -26,6 +26,7 @@
 #include "epilogue_swiglu_fwd.cuh"
 #include "gemm_kinds.h"
 #include "mainloop_gate_up.cuh"
+#include "mainloop_k_halves.cuh"
 #include "mok_fast.h"
 #include "mok_status.h"
 
@@ -61,9 +62,11 @@ inline bool tile_order(SchedulerArgs& sched) {
 // C = bf16 a, both written).
 enum class Epi { kLinear, kSwigluBwd, kSwigluFwd };
 
+// kKHalves: B's K rows may be two tensors (segment operand b_up; mainloop_k_halves.cuh), for the d_x GEMM.
 template <class LayoutA_, class LayoutB_, class ElementD_, class TileShape_, class ClusterShape_,
-          class KernelSchedule_, class EpilogueSchedule_, Epi kEpi = Epi::kLinear>
+          class KernelSchedule_, class EpilogueSchedule_, Epi kEpi = Epi::kLinear, bool kKHalves_ = false>
 struct GroupedGemm {
+  static constexpr bool kKHalves = kKHalves_;
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using ElementA = cutlass::bfloat16_t;
   using ElementB = cutlass::bfloat16_t;
@@ -106,7 +109,11 @@ struct GroupedGemm {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule_>::CollectiveOp;
-  using CollectiveMainloop = cute::conditional_t<kSwigluFwd, GateUpPairMainloop<BuiltMainloop>, BuiltMainloop>;
+  static_assert(!(kKHalves && kSwigluFwd), "one mainloop: the gate/up halves or the K halves of B");
+  static constexpr bool kBUp = kSwigluFwd || kKHalves;  // segments may carry operand b_up (MokSegment.b_up)
+  using CollectiveMainloop = cute::conditional_t<
+      kSwigluFwd, GateUpPairMainloop<BuiltMainloop>,
+      cute::conditional_t<kKHalves, KHalvesMainloop<BuiltMainloop>, BuiltMainloop>>;
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
@@ -127,6 +134,7 @@ struct GroupedGemm {
     const ElementB** b;
     ElementD** d;
     ElementAux** c;  // operand aux of the SwiGLU epilogues (null for the linear epilogue)
+    const ElementB** bu;  // B's second half: the fused gate/up kind's up rows, the d_x kind's K rows [k/2, k)
     StrideA* sa;
     StrideB* sb;
     StrideD* sd;
@@ -135,7 +143,7 @@ struct GroupedGemm {
 
   static size_t align16(size_t n) { return (n + 15) & ~size_t(15); }
   static size_t arrays_bytes(int g) {
-    return align16(g * sizeof(Shape3)) + 4 * align16(g * sizeof(void*)) +
+    return align16(g * sizeof(Shape3)) + 5 * align16(g * sizeof(void*)) +
            align16(g * sizeof(StrideA)) + align16(g * sizeof(StrideB)) +
            2 * align16(g * sizeof(StrideD));
   }
@@ -147,6 +155,7 @@ struct GroupedGemm {
     r.b = reinterpret_cast<const ElementB**>(p); p += align16(g * sizeof(void*));
     r.d = reinterpret_cast<ElementD**>(p); p += align16(g * sizeof(void*));
     r.c = reinterpret_cast<ElementAux**>(p); p += align16(g * sizeof(void*));
+    r.bu = reinterpret_cast<const ElementB**>(p); p += align16(g * sizeof(void*));
     r.sa = reinterpret_cast<StrideA*>(p); p += align16(g * sizeof(StrideA));
     r.sb = reinterpret_cast<StrideB*>(p); p += align16(g * sizeof(StrideB));
     r.sd = reinterpret_cast<StrideD*>(p); p += align16(g * sizeof(StrideD));
@@ -168,11 +177,28 @@ struct GroupedGemm {
 
   static typename Gemm::Arguments make_args(Arrays arr, int groups, int device) {
     typename Gemm::Arguments args;
-    if constexpr (kHasAux) {
+    if constexpr (kSwigluFwd) {  // the paired-B mainloop's arguments add the up rows
+      args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                      {groups, arr.shapes, nullptr},
+                                      {{arr.a, arr.sa, arr.b, arr.sb}, arr.bu},
+                                      {arr.c, arr.sc, arr.d, arr.sd},
+                                      hw_info(device)};
+    } else if constexpr (kHasAux) {
       args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
                                       {groups, arr.shapes, nullptr},
                                       {arr.a, arr.sa, arr.b, arr.sb},
                                       {arr.c, arr.sc, arr.d, arr.sd},
+                                      hw_info(device)};
+    } else if constexpr (kKHalves) {
+      decltype(args.epilogue.thread) fusion;
+      fusion.alpha = 1.0f;
+      fusion.beta = 0.0f;
+      fusion.alpha_ptr = nullptr;
+      fusion.beta_ptr = nullptr;
+      args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                      {groups, arr.shapes, nullptr},
+                                      {{arr.a, arr.sa, arr.b, arr.sb}, arr.bu},
+                                      {fusion, nullptr, arr.sd, arr.d, arr.sd},
                                       hw_info(device)};
     } else {
       decltype(args.epilogue.thread) fusion;
@@ -235,6 +261,12 @@ __global__ void fill_group_args(typename G::Arrays arr, SegmentList segs) {
   using ED = typename G::ElementD;
   arr.a[g] = static_cast<const EA*>(s.a.base) + s.a.offset + e * s.a.expert_stride + off * s.a.row_stride;
   arr.b[g] = static_cast<const EB*>(s.b.base) + s.b.offset + e * s.b.expert_stride + off * s.b.row_stride;
+  // B's second half: b_up's rows, or for the fused gate/up kind with one [gate; up] tensor the n / 2 rows after
+  // the gate rows; null otherwise (the d_x kind's B is then b alone).
+  arr.bu[g] = s.b_up.base != nullptr ? static_cast<const EB*>(s.b_up.base) + s.b_up.offset +
+                                           e * s.b_up.expert_stride + off * s.b_up.row_stride
+              : G::kSwigluFwd ? arr.b[g] + int64_t(n / 2) * s.b.ld
+                              : nullptr;
   arr.d[g] = static_cast<ED*>(s.d.base) + s.d.offset + e * s.d.expert_stride + off * s.d.row_stride;
   using EX = typename G::ElementAux;
   arr.c[g] = s.aux.base == nullptr ? nullptr
@@ -268,6 +300,23 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
     if (G::kSwigluFwd && (segs[j].rows_dim != 0 || segs[j].n % 16 != 0))
       return set_error("segment %d: n = %d must be a multiple of 16 (gate and up halves of whole 8-column blocks) "
                        "with rows as M", j, segs[j].n);
+    if (!G::kBUp && segs[j].b_up.base != nullptr)
+      return set_error("segment %d: operand b_up is set but only the fused gate/up and d_x kinds have it", j);
+    if (G::kKHalves && segs[j].b_up.base != nullptr && (segs[j].rows_dim != 0 || segs[j].k % 128 != 0))
+      return set_error("segment %d: with operand b_up, k = %d must be a multiple of 128 (each half of B whole K "
+                       "tiles of 64) with rows as M", j, segs[j].k);
+    if (G::kBUp && segs[j].b_up.base != nullptr) {
+      const MokOperand &b = segs[j].b, &u = segs[j].b_up;
+      const long long apart = static_cast<long long>(reinterpret_cast<intptr_t>(u.base) -
+                                                     reinterpret_cast<intptr_t>(b.base)) +
+                              2 * (static_cast<long long>(u.offset) - b.offset);  // bytes, bf16 elements
+      const long long mag = apart < 0 ? -apart : apart;
+      if (u.ld != b.ld || u.expert_stride != b.expert_stride || u.row_stride != b.row_stride || apart == 0 ||
+          apart % 16 != 0 || mag >= (1LL << 40))
+        return set_error("segment %d: operand b_up (B's second half) must have b's ld, expert_stride and "
+                         "row_stride and lie a nonzero whole number of 16 bytes under 2^40 from b; %lld bytes "
+                         "apart", j, apart);
+    }
   }
   size_t need = G::workspace_bytes(groups, device);
   if (ws_bytes < need) return set_error("workspace %zu bytes < %zu needed", ws_bytes, need);
@@ -312,7 +361,7 @@ using EpiPingpong = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 // The fused gate/up + SwiGLU kind runs without clusters (its paired B loads do not multicast): variants 1 and 2
 // are variants 0 and 3 there. (A ping-pong 128x128 tile for it, halves of 64, was 1-7% slower end to end on four
 // of five shapes: benchmarks/RESULTS.md run 9.)
-template <class LA, class LB, class ED, int V, Epi kEpi = Epi::kLinear>
+template <class LA, class LB, class ED, int V, Epi kEpi = Epi::kLinear, bool kKHalves = false>
 struct VariantOf {
   static_assert(V >= 0 && V < MOK_GEMM_NUM_VARIANTS, "tile variant out of range");
   static constexpr bool kWgrad = cute::is_same_v<LA, cutlass::layout::ColumnMajor>;  // A M-major: rows are K
@@ -324,7 +373,7 @@ struct VariantOf {
                                    cute::conditional_t<kPingpong, Shape<_128, _192, _64>, Shape<_128, _256, _64>>>;
   using type = GroupedGemm<LA, LB, ED, Tile, Shape<Int<kClusterM>, Int<kClusterN>, _1>,
                            cute::conditional_t<kPingpong, KernelPingpong, KernelCoop>,
-                           cute::conditional_t<kPingpong, EpiPingpong, EpiCoop>, kEpi>;
+                           cute::conditional_t<kPingpong, EpiPingpong, EpiCoop>, kEpi, kKHalves>;
 };
 static_assert(MOK_GEMM_NUM_VARIANTS == 5, "gemm_kinds.h: MOK_DEFINE_KIND dispatches variants 0..4");
 

@@ -1,13 +1,14 @@
 // Mainloop of the fused gate/up + SwiGLU GEMM (GEMM kind MOK_GEMM_TN_SWIGLU_FWD): CUTLASS's sm90 ptr-array TMA
 // mainloop (the collective the builder picks, `Base`), except that the B tile of an output tile n is loaded as two
-// half tiles: rows [n*h, n*h + h) and [N/2 + n*h, N/2 + n*h + h) of the group's B [N, K], h = half the tile's N.
-// With B = [W_gate; W_up] (the [2I, H] halves of one tensor), columns [0, h) of every output tile are gate
-// pre-activations and columns [h, 2h) the up pre-activations of the same h intermediate columns, so the epilogue
-// (epilogue_swiglu_fwd.cuh) finds g and u of an element in one thread's registers. Only which B rows land in which
-// shared-memory rows changes: each accumulator is still one CTA walking K in order (the same bits as the plain
-// GEMM of the same B rows). N / 2 need not be a multiple of h: the last tile's gate half then runs on into the first up
-// rows and its up half past row N (TMA fills those with zeros); the epilogue stores none of those columns. K-major B,
-// no cluster.
+// half tiles: rows [n*h, n*h + h) of the group's gate rows and the same rows of its up rows, h = half the tile's N.
+// Columns [0, h) of every output tile are then gate pre-activations and columns [h, 2h) the up pre-activations of
+// the same h intermediate columns, so the epilogue (epilogue_swiglu_fwd.cuh) finds g and u of an element in one
+// thread's registers. Gate and up rows ([N/2, K] each) may be the halves of one [N, K] tensor or two tensors: B's
+// tensormap is rank 3, (N/2 rows, K, 2 halves), the halves |up - gate| elements apart (from whichever comes first
+// in memory). Only which B rows land in which shared-memory rows changes: each accumulator is still one CTA walking
+// K in order (the same bits as the plain GEMM of the same B rows). N / 2 need not be a multiple of h: the last
+// tile's halves then run past row N/2 (TMA fills those with zeros); the epilogue stores none of those columns.
+// K-major B, no cluster.
 #pragma once
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -23,7 +24,6 @@ struct GateUpPairMainloop : Base {
   using SmemLayoutAtomB = typename Base::SmemLayoutAtomB;
   using SmemLayoutB = typename Base::SmemLayoutB;
   using GmemTiledCopyB = typename Base::GmemTiledCopyB;
-  using Arguments = typename Base::Arguments;
   using TensorStorage = typename Base::TensorStorage;
   using TensorMapStorage = typename Base::TensorMapStorage;
   using MainloopPipeline = typename Base::MainloopPipeline;
@@ -40,22 +40,31 @@ struct GateUpPairMainloop : Base {
   static_assert(cute::size<0>(SmemLayoutAtomB{}) == 8 && cute::size<1>(SmemLayoutAtomB{}) == kBlkK,
                 "one swizzle atom spans the K tile, 8 rows");
 
-  // One half tile of B in shared memory (one stage), and its TMA (box h x BLK_K).
+  // One half tile of B in shared memory (one stage), and its TMA (box h x BLK_K) over B as (rows, K, half):
+  // row stride ld, then the distance between the two halves, both in elements.
+  using StrideBHalves = cute::Stride<int64_t, cute::Int<1>, int64_t>;
   using SmemLayoutBHalf = decltype(cute::tile_to_shape(SmemLayoutAtomB{},
                                                        cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{})));
   using HalfTileShape = cute::Shape<decltype(cute::get<0>(TileShape{})), cute::Int<kHalf>, cute::Int<kBlkK>>;
   using TMA_BH = decltype(cute::make_tma_copy(
       GmemTiledCopyB{},
       cute::make_tensor(static_cast<InternalElementB const*>(nullptr),
-                        cute::repeat_like(InternalStrideB{}, int32_t(0)), InternalStrideB{}),
+                        cute::make_layout(cute::make_shape(int32_t(0), int32_t(0), int32_t(0)), StrideBHalves{})),
       SmemLayoutBHalf{}, cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{}), cute::_1{}));
+
+  // CUTLASS's arguments, and each group's up rows (ptr_B: its gate rows).
+  struct Arguments : Base::Arguments {
+    typename Base::ElementB const** ptr_B_up;
+  };
 
   struct Params : Base::Params {
     TMA_BH tma_load_bh;
+    InternalElementB const** ptr_B_up;
   };
 
-  // B rows between a gate half and its up half in the current group (N / 2); set with the group's tensormap.
-  int up_rows_ = 0;
+  // Which half of the current group's B tensormap holds the gate rows (0: gate first in memory, 1: up first); set
+  // with the group's tensormap.
+  int gate_half_ = 0;
 
   template <class ProblemShape>
   static constexpr Params to_underlying_arguments(ProblemShape problem_shapes, Arguments const& args,
@@ -65,22 +74,22 @@ struct GateUpPairMainloop : Base {
     // As CUTLASS does for B: a placeholder address and shape, replaced on the device before the first load.
     auto ptr_b = reinterpret_cast<InternalElementB const*>(reinterpret_cast<uint64_t>(args.ptr_B) &
                                                            0xFFFFFFFFFFFFFFF0);
-    auto init = cute::repeat_like(typename ProblemShape::UnderlyingProblemShape{}, int32_t(1));
     cute::Tensor tensor_b = cute::make_tensor(
-        ptr_b, cute::make_layout(cute::make_shape(cute::get<1>(init), cute::get<2>(init), uint32_t(1)),
-                                 InternalStrideB{}));
+        ptr_b, cute::make_layout(cute::make_shape(int32_t(1), int32_t(1), int32_t(1)),
+                                 StrideBHalves{int64_t(8), cute::Int<1>{}, int64_t(8)}));  // 16-byte strides
     TMA_BH tma_bh = cute::make_tma_copy(GmemTiledCopyB{}, tensor_b, SmemLayoutBHalf{},
                                         cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{}), cute::_1{});
-    return Params{base, tma_bh};
+    return Params{base, tma_bh, reinterpret_cast<InternalElementB const**>(args.ptr_B_up)};
   }
 
-  // (gA_mkl, gB_nkl) with B in half tiles: (h, BLK_K, n_half_tiles, k, l).
+  // (gA_mkl, gB_nkl) with B in half tiles: (h, BLK_K, n_half_tiles, k, half). The TMA coordinates do not depend on
+  // the extents, so this group's shape serves every group (as in CUTLASS).
   template <class ProblemShape_MNKL>
   CUTLASS_DEVICE auto load_init(ProblemShape_MNKL const& problem_shape_MNKL, Params const& p) const {
     using X = cute::Underscore;
     auto [M, N, K, L] = problem_shape_MNKL;
     cute::Tensor mA_mkl = p.tma_load_a.get_tma_tensor(cute::make_shape(M, K, int32_t(1)));
-    cute::Tensor mB_nkl = p.tma_load_bh.get_tma_tensor(cute::make_shape(N, K, int32_t(1)));
+    cute::Tensor mB_nkl = p.tma_load_bh.get_tma_tensor(cute::make_shape(int32_t(N) / 2, K, int32_t(2)));
     cute::Tensor gA_mkl = cute::local_tile(mA_mkl, TileShape{}, cute::make_coord(cute::_, cute::_, cute::_),
                                            cute::Step<cute::_1, X, cute::_1>{});
     cute::Tensor gB_nkl = cute::local_tile(mB_nkl, HalfTileShape{}, cute::make_coord(cute::_, cute::_, cute::_),
@@ -100,8 +109,8 @@ struct GateUpPairMainloop : Base {
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
     Tensor gA = get<0>(load_inputs)(_, _, m_coord, _, l_coord);                   // (BLK_M, BLK_K, k)
-    Tensor gBg = get<1>(load_inputs)(_, _, n_coord, _, l_coord);                  // (h, BLK_K, k): gate rows
-    Tensor gBu = domain_offset(make_coord(up_rows_, 0, 0), gBg);                  // (h, BLK_K, k): up rows
+    Tensor gBg = get<1>(load_inputs)(_, _, n_coord, _, gate_half_);               // (h, BLK_K, k): gate rows
+    Tensor gBu = get<1>(load_inputs)(_, _, n_coord, _, 1 - gate_half_);           // (h, BLK_K, k): up rows
     auto tma_a = p.tma_load_a.get_slice(0);
     auto tma_b = p.tma_load_bh.get_slice(0);
     Tensor tAgA = tma_a.partition_S(gA);
@@ -149,23 +158,28 @@ struct GateUpPairMainloop : Base {
     return cute::make_tuple(tma_desc_a, tma_desc_b);
   }
 
-  // A new group: its addresses, shapes and strides into the tensormaps (B's through the half-tile TMA), and where
-  // its up rows start.
+  // A new group: its addresses, shapes and strides into the tensormaps. B's base is whichever of the group's gate
+  // and up rows comes first in memory, its third mode the distance to the other (TMA strides are unsigned).
   template <class TensorMapA, class TensorMapB, class ProblemShape_MNKL>
   CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage& shared_tensormaps, Params const& p,
                                                 cute::tuple<TensorMapA, TensorMapB> const&,
                                                 ProblemShape_MNKL problem_shape_mnkl, int32_t next_batch) {
     using namespace cute;
-    up_rows_ = static_cast<int>(get<1>(problem_shape_mnkl)) / 2;
+    InternalElementB const* gate = p.ptr_B[next_batch];
+    InternalElementB const* up = p.ptr_B_up[next_batch];
+    gate_half_ = up < gate ? 1 : 0;
     if (cute::elect_one_sync()) {
-      Base::tensormaps_replace_global_address(shared_tensormaps, p, next_batch);
+      cute::tma_descriptor_replace_addr_in_shared_mem(shared_tensormaps.smem_tensormap_A, p.ptr_A[next_batch]);
+      cute::tma_descriptor_replace_addr_in_shared_mem(shared_tensormaps.smem_tensormap_B, gate_half_ ? up : gate);
+      const int64_t apart = gate_half_ ? gate - up : up - gate;
       const uint32_t M = get<0>(problem_shape_mnkl), N = get<1>(problem_shape_mnkl), K = get<2>(problem_shape_mnkl);
       cute::array<uint32_t, 5> shape_a = {1, 1, 1, 1, 1}, shape_b = {1, 1, 1, 1, 1};
       cute::array<uint64_t, 5> stride_a = {0, 0, 0, 0, 0}, stride_b = {0, 0, 0, 0, 0};
       Tensor tensor_a = make_tensor(static_cast<typename Base::InternalElementA const*>(nullptr),
                                     make_shape(M, K, Int<1>{}), p.dA[next_batch]);
-      Tensor tensor_b = make_tensor(static_cast<InternalElementB const*>(nullptr), make_shape(N, K, Int<1>{}),
-                                    p.dB[next_batch]);
+      Tensor tensor_b = make_tensor(static_cast<InternalElementB const*>(nullptr),
+                                    make_layout(make_shape(int32_t(N / 2), int32_t(K), int32_t(2)),
+                                                StrideBHalves{get<0>(p.dB[next_batch]), Int<1>{}, apart}));
       cute::detail::fill_tma_gmem_shape_stride(p.tma_load_a, tensor_a, shape_a, stride_a);
       cute::detail::fill_tma_gmem_shape_stride(p.tma_load_bh, tensor_b, shape_b, stride_b);
       for (uint64_t& s : stride_a) s = (s * sizeof_bits_v<typename Base::InternalElementA>) / 8;

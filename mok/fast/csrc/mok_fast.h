@@ -31,27 +31,31 @@ struct MokOperand {
 // non-null, else fixed_rows. rows_dim says which of M (0) or K (2) is rows(e); the other two are
 // the constants m, n, k. Groups whose rows are 0 get M = 0 (no tiles). aux: the extra operand of a fused
 // epilogue (MOK_GEMM_NN_SWIGLU_BWD's fp32 [p | q] input, MOK_GEMM_TN_SWIGLU_FWD's bf16 a output); base null for
-// every other kind.
+// every other kind. b_up: B's second half as another tensor, with b's ld, expert_stride and row_stride, each
+// group's lying a whole number of 16 bytes, nonzero and under 2^40, from its b: for MOK_GEMM_TN_SWIGLU_FWD the up
+// rows of B [n, k] (b then holds the n / 2 gate rows; base null: the up rows are the n / 2 rows that follow the
+// gate rows in b, one [gate; up] tensor); for MOK_GEMM_NN_BF16 (d_x) K rows [k/2, k) of B [k, n] (b holds rows
+// [0, k/2); k a multiple of 128, rows as M; base null: B is b alone). Base null for every other kind.
 struct MokSegment {
   int num_groups;
   int rows_dim;
   int fixed_rows;
   int m, n, k;
   const int* offsets;  // device, [num_groups + 1] int32, or nullptr
-  MokOperand a, b, d, aux;
+  MokOperand a, b, d, aux, b_up;
 };
 
 enum MokGemmKind {
   MOK_GEMM_TN_F32 = 0,   // A row-major [M,K], B [N,K] row-major (K-major), D fp32 row-major
   MOK_GEMM_TN_BF16 = 1,  // same, D bf16
   MOK_GEMM_NN_F32 = 2,   // A row-major [M,K], B [K,N] row-major (N-major), D fp32
-  MOK_GEMM_NN_BF16 = 3,  // same, D bf16
+  MOK_GEMM_NN_BF16 = 3,  // same, D bf16; B [K,N] may be two tensors (b_up: K rows [K/2, K))
   MOK_GEMM_TT_F32 = 4,   // A [K,M] row-major (M-major), B [K,N] row-major (N-major), D fp32 (weight grads)
   MOK_GEMM_TT_BF16 = 5,  // same, D bf16 (weight grads of bf16 parameters)
   MOK_GEMM_NN_SWIGLU_BWD = 6,  // NN, and the epilogue turns the fp32 product da [M,N] into D bf16 [M,2N] =
                                // [dg | du] = [bf16(da * p) | bf16(da * q)], reading aux fp32 [M,2N] = [p | q]
-  MOK_GEMM_TN_SWIGLU_FWD = 7,  // TN with B [N,K] = [W_gate; W_up] halves (N a multiple of the tile's N) giving
-                               // [g | u]: D fp32 [M,N] = [p | q] = [u * silu'(g) | silu(g)] (swiglu_math.cuh),
+  MOK_GEMM_TN_SWIGLU_FWD = 7,  // TN with B [N,K] = [W_gate; W_up] (one tensor, or W_gate in b and W_up in b_up;
+                               // N a multiple of 16) giving [g | u]: D fp32 [M,N] = [p | q] = [u * silu'(g) | silu(g)] (swiglu_math.cuh),
                                // and aux bf16 [M,N/2] = a = bf16(silu(g) * u), written
   MOK_GEMM_TT_F32_SMALL = 8,   // TT_F32 in a ping-pong 64x128x64 tile whatever the variant: the router's weight
                                // gradient ([E, H] outputs over T-long reductions: more output tiles, more SMs)
