@@ -11,6 +11,7 @@ import torch
 from mok.fast import _lib
 from mok.fast._checks import gate_up_halves, stacked_gate_up
 from mok.fast._lib import Operand, Segment
+from mok.harness.cases import two_gate_up_tensors
 from mok.nn import ops
 
 L, I, H, S = 3, 8, 16, 8
@@ -117,6 +118,7 @@ def _apart(n_gap: int, up_first: bool, *shape):
     (lambda: _apart(8, False, L, I, H), False),                          # 16 bytes apart, no whole rows
     (lambda: _apart(8, True, L, I, H), False),                           # up first in memory
     (lambda: _apart(8, False, S, H), False),                             # shared: [S, H] each
+    (lambda: two_gate_up_tensors(*_w(2, L, I, H).to(torch.bfloat16), True), False),  # the GPU tests' helper
 ])
 def test_pairs_the_fused_gate_up_gemm_reads(make, stacked):
     gate, up = make()

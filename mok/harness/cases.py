@@ -111,6 +111,19 @@ def with_stacked_gate_up(inputs: dict) -> dict:
     return out
 
 
+def two_gate_up_tensors(gate, up, up_first: bool = False):
+    """Copies of `gate` and `up` (one shape) as two contiguous tensors in one buffer, `up_first` in memory or not,
+    8 elements (16 bytes of bf16) apart: their starts differ by no whole number of rows, and neither is a half of one
+    [gate; up] tensor. The gap holds NaN. For the fast path's two-tensor reads (mok/fast/_checks.gate_up_halves)."""
+    n = gate.numel()
+    flat = torch.full((2 * n + 8,), float("nan"), dtype=gate.dtype, device=gate.device)
+    first, second = flat[:n].view(gate.shape), flat[n + 8:].view(gate.shape)
+    g, u = (second, first) if up_first else (first, second)
+    g.copy_(gate)
+    u.copy_(up)
+    return g, u
+
+
 LAYER_ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down",
               "routed_gate", "routed_up", "routed_down")
 OUTPUT_NAMES = ("y", "d_x", "d_topk_weight", "d_routed_gate", "d_routed_up", "d_routed_down",

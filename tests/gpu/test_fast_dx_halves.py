@@ -11,7 +11,7 @@ import mok.fast as fast
 from mok.fast import _backward, _lib
 from mok.fast._lib import Operand, Segment
 from mok.harness.bits import assert_bitwise_equal
-from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
+from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs, two_gate_up_tensors
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
@@ -21,18 +21,6 @@ SHAPES = [
     MoEConfig(T=300, H=512, I=128, E=64, K=8, S=64),     # many small experts, some empty; one K tile of S a half
 ]
 IDS = ["mid_shared", "few_large", "many_small"]
-
-
-def _two_tensors(gate, up, up_first: bool):
-    """Copies of gate and up as two contiguous tensors in one buffer, `up_first` or not, 8 elements (16 bytes)
-    apart: their starts differ by no whole number of rows, and neither is a half of one [gate; up] tensor."""
-    n = gate.numel()
-    flat = torch.full((2 * n + 8,), float("nan"), dtype=gate.dtype, device=gate.device)
-    first, second = flat[:n].view(gate.shape), flat[n + 8:].view(gate.shape)
-    g, u = (second, first) if up_first else (first, second)
-    g.copy_(gate)
-    u.copy_(up)
-    return g, u
 
 
 @pytest.mark.parametrize("cfg", SHAPES, ids=IDS)
@@ -47,8 +35,8 @@ def test_two_tensors_give_the_concatenations_bits_in_every_variant(monkeypatch, 
     R = cfg.T * cfg.K
     dgu = torch.randn(R, 2 * cfg.I, generator=gen, device="cuda").to(torch.bfloat16)
     dgu_s = torch.randn(cfg.T, 2 * cfg.S, generator=gen, device="cuda").to(torch.bfloat16) if cfg.S else None
-    rg, ru = _two_tensors(inputs["routed_gate"], inputs["routed_up"], up_first)
-    sg, su = _two_tensors(inputs["shared_gate"], inputs["shared_up"], up_first) if cfg.S else (None, None)
+    rg, ru = two_gate_up_tensors(inputs["routed_gate"], inputs["routed_up"], up_first)
+    sg, su = two_gate_up_tensors(inputs["shared_gate"], inputs["shared_up"], up_first) if cfg.S else (None, None)
     for g, u in ((rg, ru), (sg, su))[:1 + bool(cfg.S)]:
         assert _backward.dx_reads_apart(g, u) and (u.data_ptr() < g.data_ptr()) == up_first
         assert (abs(u.data_ptr() - g.data_ptr()) // 2) % cfg.H != 0, "the halves must not be whole rows apart"

@@ -14,7 +14,7 @@ import mok.fast as fast
 from mok.fast import _backward, _forward, _lib, _tiles
 from mok.fast._lib import Operand, Segment
 from mok.harness.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
-from mok.harness.cases import MoEConfig, make_inputs, with_stacked_gate_up
+from mok.harness.cases import MoEConfig, make_inputs, two_gate_up_tensors, with_stacked_gate_up
 from mok.harness.runner import run_layer
 from mok.reference import Dims
 
@@ -75,18 +75,6 @@ def test_fused_gate_up_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg,
         assert (~torch.isfinite(pq[:placed])).any() and (a[:placed].float().abs() > 1e3).any()
 
 
-def _two_tensors(gate, up, up_first: bool):
-    """Copies of gate and up as two contiguous tensors in one buffer, `up_first` or not, 8 elements (16 bytes)
-    apart: their starts differ by no whole number of rows, and neither is a half of one [gate; up] tensor."""
-    n = gate.numel()
-    flat = torch.full((2 * n + 8,), float("nan"), dtype=gate.dtype, device=gate.device)
-    first, second = flat[:n].view(gate.shape), flat[n + 8:].view(gate.shape)
-    g, u = (second, first) if up_first else (first, second)
-    g.copy_(gate)
-    u.copy_(up)
-    return g, u
-
-
 @pytest.mark.parametrize("cfg", SHAPES, ids=IDS)
 @pytest.mark.parametrize("up_first", [
     False,  # gate's rows first in memory: the tensormap's base is gate
@@ -95,7 +83,8 @@ def _two_tensors(gate, up, up_first: bool):
 def test_two_tensors_give_the_one_tensor_bits_in_every_variant(cfg, up_first):
     inputs, d, sched, x_RH = _prepared(cfg, 4, False)
     w = [inputs[k] for k in ("routed_gate", "routed_up", "shared_gate", "shared_up")]
-    apart = [_two_tensors(w[0], w[1], up_first)] + ([_two_tensors(w[2], w[3], up_first)] if cfg.S else [(None, None)])
+    apart = [two_gate_up_tensors(w[0], w[1], up_first),
+             two_gate_up_tensors(w[2], w[3], up_first) if cfg.S else (None, None)]
     for g, u in apart[:1 + bool(cfg.S)]:
         assert _forward.stacked_gate_up(g, u) is None and (u.data_ptr() < g.data_ptr()) == up_first
         assert (abs(u.data_ptr() - g.data_ptr()) // 2) % cfg.H != 0, "the halves must not be whole rows apart"

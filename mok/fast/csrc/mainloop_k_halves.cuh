@@ -13,6 +13,8 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 
+#include "mainloop_tensormaps.cuh"
+
 namespace mok {
 
 template <class Base>
@@ -148,20 +150,7 @@ struct KHalvesMainloop : Base {
   // The per-SM tensormaps start from the rank-3 TMA of B (and CUTLASS's TMA of A).
   CUTLASS_DEVICE auto tensormaps_init(Params const& p, TensorMapStorage& shared_tensormaps, int32_t sm_count,
                                       int32_t sm_idx) {
-    using namespace cute;
-    cute::TmaDescriptor* gmem_tensormap = reinterpret_cast<cute::TmaDescriptor*>(p.tensormaps);
-    cute::TmaDescriptor* tma_desc_a = &gmem_tensormap[sm_idx];
-    cute::TmaDescriptor* tma_desc_b = &gmem_tensormap[sm_idx + sm_count];
-    if (cute::elect_one_sync()) {
-      Tensor pA = make_tensor(p.tma_load_a.get_tma_descriptor(), Int<1>{}, Int<1>{});
-      Tensor sA = make_tensor(make_smem_ptr(&shared_tensormaps.smem_tensormap_A), Int<1>{}, Int<1>{});
-      Tensor pB = make_tensor(p.tma_load_bk.get_tma_descriptor(), Int<1>{}, Int<1>{});
-      Tensor sB = make_tensor(make_smem_ptr(&shared_tensormaps.smem_tensormap_B), Int<1>{}, Int<1>{});
-      copy(recast<uint128_t>(pA), recast<uint128_t>(sA));
-      copy(recast<uint128_t>(pB), recast<uint128_t>(sB));
-    }
-    __syncwarp();
-    return cute::make_tuple(tma_desc_a, tma_desc_b);
+    return tensormaps_init_ab(p.tma_load_a, p.tma_load_bk, p.tensormaps, shared_tensormaps, sm_count, sm_idx);
   }
 
   // A new group: its addresses, shapes and strides into the tensormaps. With b_up, B's base is whichever half comes
@@ -180,21 +169,15 @@ struct KHalvesMainloop : Base {
     if (cute::elect_one_sync()) {
       InternalElementB const* base = first_half_ ? hi : lo;
       const int64_t apart = !split ? int64_t(8) : first_half_ ? lo - hi : hi - lo;  // unused (half 0 only) unsplit
-      cute::tma_descriptor_replace_addr_in_shared_mem(shared_tensormaps.smem_tensormap_A, p.ptr_A[next_batch]);
-      cute::tma_descriptor_replace_addr_in_shared_mem(shared_tensormaps.smem_tensormap_B, base);
-      cute::array<uint32_t, 5> shape_a = {1, 1, 1, 1, 1}, shape_b = {1, 1, 1, 1, 1};
-      cute::array<uint64_t, 5> stride_a = {0, 0, 0, 0, 0}, stride_b = {0, 0, 0, 0, 0};
+      tensormaps_replace_addr_ab(shared_tensormaps, p.ptr_A[next_batch], base);
       Tensor tensor_a = make_tensor(static_cast<InternalElementA const*>(nullptr), make_shape(M, K, Int<1>{}),
                                     p.dA[next_batch]);
-      Tensor tensor_b = make_tensor(static_cast<InternalElementB const*>(nullptr),
-                                    make_layout(make_shape(int32_t(N), int32_t(split ? K / 2 : K), int32_t(split ? 2 : 1)),
-                                                StrideBHalves{Int<1>{}, get<1>(p.dB[next_batch]), apart}));
-      cute::detail::fill_tma_gmem_shape_stride(p.tma_load_a, tensor_a, shape_a, stride_a);
-      cute::detail::fill_tma_gmem_shape_stride(p.tma_load_bk, tensor_b, shape_b, stride_b);
-      for (uint64_t& s : stride_a) s = (s * sizeof_bits_v<InternalElementA>) / 8;
-      for (uint64_t& s : stride_b) s = (s * sizeof_bits_v<InternalElementB>) / 8;
-      cute::tma_descriptor_replace_dims_strides_in_shared_mem(shared_tensormaps.smem_tensormap_A, shape_a, stride_a);
-      cute::tma_descriptor_replace_dims_strides_in_shared_mem(shared_tensormaps.smem_tensormap_B, shape_b, stride_b);
+      Tensor tensor_b = make_tensor(
+          static_cast<InternalElementB const*>(nullptr),
+          make_layout(make_shape(int32_t(N), int32_t(split ? K / 2 : K), int32_t(split ? 2 : 1)),
+                      StrideBHalves{Int<1>{}, get<1>(p.dB[next_batch]), apart}));
+      tensormaps_replace_dims_ab<InternalElementA, InternalElementB>(shared_tensormaps, p.tma_load_a, tensor_a,
+                                                                     p.tma_load_bk, tensor_b);
     }
   }
 };

@@ -55,8 +55,9 @@ enum MokGemmKind {
   MOK_GEMM_NN_SWIGLU_BWD = 6,  // NN, and the epilogue turns the fp32 product da [M,N] into D bf16 [M,2N] =
                                // [dg | du] = [bf16(da * p) | bf16(da * q)], reading aux fp32 [M,2N] = [p | q]
   MOK_GEMM_TN_SWIGLU_FWD = 7,  // TN with B [N,K] = [W_gate; W_up] (one tensor, or W_gate in b and W_up in b_up;
-                               // N a multiple of 16) giving [g | u]: D fp32 [M,N] = [p | q] = [u * silu'(g) | silu(g)] (swiglu_math.cuh),
-                               // and aux bf16 [M,N/2] = a = bf16(silu(g) * u), written
+                               // N a multiple of 16) giving [g | u]: D fp32 [M,N] = [p | q] =
+                               // [u * silu'(g) | silu(g)] (swiglu_math.cuh), and aux bf16 [M,N/2] =
+                               // a = bf16(silu(g) * u), written
   MOK_GEMM_TT_F32_SMALL = 8,   // TT_F32 in a ping-pong 64x128x64 tile whatever the variant: the router's weight
                                // gradient ([E, H] outputs over T-long reductions: more output tiles, more SMs)
   MOK_GEMM_NUM_KINDS = 9
