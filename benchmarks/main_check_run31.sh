@@ -11,7 +11,9 @@
 #   suite    bench_moe.py --suite on every shape, this tree only;
 #   tests-new  the GPU tests this run changed or added;
 #   fwd-ab   bench_fused.py --forward (the fused gate/up + SwiGLU launch against the GEMM and the swiglu_fwd kernel
-#            apart, interleaved, one process) on FWD_CONFIGS, the rule's tile and the cooperative one (variant 0).
+#            apart, interleaved, one process) on FWD_CONFIGS, the rule's tile and the cooperative one (variant 0);
+#   h200     what run 31 could not measure on an H200 (refuses to run on another card): issue 13's preset
+#            (energy_preset.log), the suite with both layouts (suite.log), then fwd-ab.
 # Printing steps for the CPU check (tests/test_bench_configs.py): `ab-configs`, `fwd-configs`.
 # Usage (repo root, a library built from this tree):
 #   MOK_FAST_LIB=$PWD/.build/b31/libmok_fast.so OLD_LIB=$PWD/.build/new/libmok_fast.so bash benchmarks/main_check_run31.sh tests ab
@@ -48,6 +50,9 @@ for step in "$@"; do
           suite .dev/b71_tree "$OLD_LIB" "b71c01e r$r"
           suite "$PWD" "$MOK_FAST_LIB" "this r$r"
         done | tee "$OUT/ab.log" | grep -v "^.* r[12] *$" | tail -80;;
+    h200) nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "h200: not an H200"; exit 3; }
+          BUDGET_S=$(( $(left) / 3 )) bash benchmarks/main_check_run28.sh preset | tail -9
+          BUDGET_S=$(left) bash "$0" suite fwd-ab;;
     suite) echo "== suite ($(left) s left)"
            timeout $(( $(left) - 5 )) python benchmarks/bench_moe.py --suite --weight-grads bf16 \
              --methods mok,mok_gu,grouped_mm 2>&1 | grep -v -i warn | tee "$OUT/suite.log" | tail -64;;
