@@ -24,6 +24,7 @@ from bench_token_kernels import timed_ms  # noqa: E402
 
 import mok.fast as fast  # noqa: E402
 from mok.fast import _forward, _lib, _tiles  # noqa: E402
+from mok.fast._checks import gate_up_halves  # noqa: E402
 from mok.fast._lib import Operand, Segment  # noqa: E402
 from mok.harness.bits import assert_bitwise_equal  # noqa: E402
 from mok.harness.cases import with_stacked_gate_up  # noqa: E402
@@ -51,6 +52,7 @@ def measure(name: str, c: dict, variants: list[int], a) -> list[float | None]:
     g, u, sg, su = (inputs[k] for k in ("routed_gate", "routed_up", "shared_gate", "shared_up"))
     w_gu = _forward.stacked_gate_up(g, u)
     w_gu_s = _forward.stacked_gate_up(sg, su) if d.S else None
+    halves = (gate_up_halves(g, u), gate_up_halves(sg, su) if d.S else None)
     gemm_ms = timed_ms(lambda: _forward.gate_up(x_TH, x_RH, sched, d, g, u, sg, su), a.rounds, a.reps)
     bf16_ms = timed_ms(lambda: gate_up_bf16(x_TH, x_RH, sched, d, w_gu, w_gu_s), a.rounds, a.reps)
     gu, gu_s = _forward.gate_up(x_TH, x_RH, sched, d, g, u, sg, su)
@@ -68,12 +70,12 @@ def measure(name: str, c: dict, variants: list[int], a) -> list[float | None]:
             fused_ms.append(None)
             continue
         if not a.no_check:
-            got = _forward.gate_up_swiglu(x_TH, x_RH, sched, d, g, u, sg, su, v)
+            got = _forward.gate_up_swiglu(x_TH, x_RH, sched, d, *halves, v)
             for what, x, y in zip(("[g | u]", "shared [g | u]", "a", "shared a"), got, want):
                 if y is not None:
                     n = placed if x.shape[0] == want[0].shape[0] else x.shape[0]
                     assert_bitwise_equal(x[:n], y[:n], f"{name} variant {v}: {what}")
-        fused_ms.append(timed_ms(lambda: _forward.gate_up_swiglu(x_TH, x_RH, sched, d, g, u, sg, su, v),
+        fused_ms.append(timed_ms(lambda: _forward.gate_up_swiglu(x_TH, x_RH, sched, d, *halves, v),
                                  a.rounds, a.reps))
     return [gemm_ms, bf16_ms, kern_ms, pair_ms, *fused_ms]
 

@@ -160,3 +160,25 @@ def _fused_segment(b_up, kind=_lib.GEMM_TN_SWIGLU_FWD):
 def test_the_binding_refuses_b_up_the_kernel_cannot_read(b_up, kind, match):
     with pytest.raises(ValueError, match=match):
         _lib.check_segments(kind, [_fused_segment(b_up, kind)], torch.device("cpu"), 0)
+
+
+@pytest.mark.parametrize("make, want", [
+    (lambda: _w(L, 128, H).to(torch.bfloat16).chunk(2, dim=1), "stacked"),  # halves of one tensor: read as it is
+    (lambda: _apart(8, True, L, 64, H), "apart"),                           # two tensors, I = 64: read apart
+    (lambda: _apart(8, False, L, 72, H), "concat"),                         # I = 72: a K tile would straddle them
+    (lambda: (lambda w: (w[:, 0::2], w[:, 1::2]))(_w(L, 128, H)), "concat"),  # strided views
+    (lambda: (None, None), "none"),                                          # no shared expert
+])
+def test_how_the_d_x_gemm_reads_each_pair(make, want):
+    from mok.fast._backward import dx_reads
+
+    gate, up = make()
+    got = dx_reads(gate, up)
+    if want == "stacked":
+        assert got[1] is None and got[0].data_ptr() == gate.data_ptr() and got[0].shape[-2] == 2 * gate.shape[-2]
+    elif want == "apart":
+        assert got[0] is gate and got[1] is up
+    elif want == "concat":
+        assert got is None
+    else:
+        assert got == (None, None)

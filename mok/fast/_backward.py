@@ -4,7 +4,7 @@ pre-combine (d_topk_weight, go = bf16(w*dy) scattered to rows) -> d_a grouped GE
 -> SwiGLU backward (dg | du, bf16) (both in one launch, the SwiGLU backward in the GEMM's epilogue, wherever 8
 splits I and S: the same bits, no fp32 da buffer; _tiles.fuse_swiglu_bwd) -> d_x rows grouped GEMM
 against [gate; up] (+ shared; read as is when gate and up are halves of one tensor or two tensors the GEMM reads
-apart, `dx_reads_apart`, else concatenated on a side stream meanwhile, and that copy freed once the GEMM is queued)
+apart, `dx_reads`, else concatenated on a side stream meanwhile, and that copy freed once the GEMM is queued)
 -> d_x combine (fp32, shared first then k
 ascending; on the side stream, overlapping) -> weight-gradient grouped GEMMs, gate/up then down with [dg | du] and
 the d_x rows freed in between (fp32 accumulators reduced over the expert's rows in canonical order, one CTA per
@@ -44,40 +44,37 @@ def _concat(gate, up, dim: int, out) -> None:
 DX_K_TILE = 64  # the d_x GEMM's K tile in every variant: B's halves read apart must be whole tiles of it
 
 
-def dx_reads_apart(gate, up) -> bool:
-    """Whether the d_x GEMM reads `gate` and `up` ([L, I, H] or [S, H] bf16, not the halves of one tensor) as two
-    tensors, K rows [0, I) and [I, 2I) of its B (csrc/mainloop_k_halves.cuh): the fused gate/up GEMM's conditions
-    (`_checks.gate_up_halves`) and I (or S) a multiple of its K tile."""
+def dx_reads(gate, up):
+    """How the d_x GEMM reads one gate/up pair ([L, I, H] or [S, H] bf16; gate None: no pair): (w, None) with w the
+    [gate; up] tensor they are the halves of; (gate, up) when it reads two tensors apart (csrc/mainloop_k_halves.cuh:
+    the fused gate/up GEMM's conditions, `_checks.gate_up_halves`, and I or S a multiple of its K tile); (None, None)
+    without a pair; None when they must be concatenated."""
+    if gate is None:
+        return None, None
     halves = gate_up_halves(gate, up)
-    return halves is not None and halves[1] is not None and gate.shape[-2] % DX_K_TILE == 0
+    if halves is None or (halves[1] is not None and gate.shape[-2] % DX_K_TILE):
+        return None
+    return halves[0], halves[1]
 
 
-def needs_concat(gate, up) -> bool:
-    """Whether the d_x GEMM needs a [gate; up] copy of this pair: neither halves of one tensor nor read apart."""
-    return gate is not None and stacked_gate_up(gate, up) is None and not dx_reads_apart(gate, up)
-
-
-def gate_up_weights(rg, ru, sg, su, side: torch.cuda.Stream | None = None):
+def gate_up_weights(rg, ru, sg, su, side: torch.cuda.Stream | None = None, reads=None):
     """((w_gu, w_up), (w_gu_s, w_up_s)): the B operands of the d_x GEMM's one accumulation over 2I, routed then
-    shared (each None when absent). w_gu is the [E, 2I, H] ([2S, H]) [gate; up] tensor and w_up None: a view when
-    gate and up already are halves of one tensor (`stacked_gate_up`: mok.nn.ops casts float32 weights so,
-    transformers stores `gate_up_proj` so), else a concatenation into a new buffer (allocated on the current
-    stream), made on `side` after the current stream's work so far when given. Or w_gu = gate and w_up = up, read
-    apart by the GEMM (`dx_reads_apart`: no copy). `side` waits for the current stream even when nothing is
-    concatenated, so that the caller's later wait for `side` never depends on work outside a CUDA graph being
-    captured (cudaErrorStreamCaptureIsolation)."""
+    shared (each None when absent): `dx_reads` of each pair (`reads`, when the caller has them), and for a pair it
+    cannot read as it is, a concatenation into a new [E, 2I, H] ([2S, H]) buffer (allocated on the current stream)
+    with w_up None, made on `side` after the current stream's work so far when given. `side` waits for the current
+    stream even when nothing is concatenated, so that the caller's later wait for `side` never depends on work
+    outside a CUDA graph being captured (cudaErrorStreamCaptureIsolation)."""
+    if reads is None:
+        reads = [dx_reads(rg, ru), dx_reads(sg, su)]
     out, todo = [], []
-    for gate, up, dim in ((rg, ru, 1), (sg, su, 0)):
-        w = None if gate is None else stacked_gate_up(gate, up)
-        if gate is not None and w is None and dx_reads_apart(gate, up):
-            out.append((gate, up))
-            continue
-        if gate is not None and w is None:
+    for (gate, up, dim), read in zip(((rg, ru, 1), (sg, su, 0)), reads, strict=True):
+        if read is None:
             shape = list(gate.shape)
             shape[dim] *= 2
             w = torch.empty(shape, dtype=gate.dtype, device=gate.device)
             todo.append((gate, up, dim, w))
-        out.append((w, None))
+            read = (w, None)
+        out.append(read)
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(rg.device))
     if todo:
@@ -301,9 +298,10 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
     # Buffers used on both streams are allocated on the main one; every side-stream use is ordered
     # before the main stream's later work (main.wait_stream(side)), so none is reused too early.
     main, side = torch.cuda.current_stream(dev), _side_stream(dev)
-    concat_late = release_saved and (needs_concat(rg, ru) or needs_concat(sg, su))
+    reads = [dx_reads(rg, ru), dx_reads(sg, su)]
+    concat_late = release_saved and None in reads
     if not concat_late:  # a concatenation overlaps pre-combine, d_a, SwiGLU bwd
-        w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side)
+        w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side, reads)
 
     d_w = _empty(dev, torch.float32, d.T, d.K)
     go_RH = _empty(dev, torch.bfloat16, R, d.H)
@@ -313,7 +311,7 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
     release(release_saved, ctx.pq_R2I, ctx.pq_s_T2S)
     down = None
     if concat_late:  # the concatenation overlaps the down-weight gradients, after [p | q] is freed
-        w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side)
+        w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su, side, reads)
         down = down_weight_grads(ctx, dy, go_RH, dgu_s is not None, weight_grad_dtype)
         release(release_saved, ctx.a_RI, ctx.a_s_TS)
         go_RH = None  # read by nothing after the down gradients

@@ -84,44 +84,37 @@ def _b_halves(halves, ld: int) -> tuple:
     return Operand(b, es, 0, ld), (Operand(up, es, 0, ld) if up is not None else None)
 
 
-def gate_up_swiglu(x_TH, x_RH, sched: Schedule, d: Dims, routed_gate, routed_up, shared_gate, shared_up,
-                   variant: int):
+def gate_up_swiglu(x_TH, x_RH, sched: Schedule, d: Dims, halves, halves_s, variant: int):
     """(pq [R, 2I] fp32, pq_s [T, 2S] fp32 or None, a [R, I] bf16, a_s [T, S] bf16 or None): `gate_up` and
     `swiglu` in one launch (GEMM_TN_SWIGLU_FWD, tile `variant`), the same bits ([p | q] where `gate_up` gives
-    [g | u]). routed_gate, routed_up: bf16 [E, I, H]; shared_gate, shared_up: bf16 [S, H] (None when S = 0); each
-    pair the halves of one tensor or two tensors that `_checks.gate_up_halves` accepts (ValueError otherwise)."""
+    [g | u]). halves, halves_s: `_checks.gate_up_halves` of the routed gate and up (bf16 [E, I, H] each) and of the
+    shared ones ([S, H]; None when S = 0), as `fused_gate_up` returns them."""
     dev, (T, H, I, S, E) = x_TH.device, (d.T, d.H, d.I, d.S, d.E)
     R = x_RH.shape[0]
-    pairs = [("routed_gate, routed_up", routed_gate, routed_up)] + (
-        [("shared_gate, shared_up", shared_gate, shared_up)] if S else [])
-    halves = []
-    for names, gate, up in pairs:
-        h = gate_up_halves(gate, up)
-        if h is None:
-            raise ValueError(f"{names}: the fused gate/up GEMM reads them as the halves of one tensor or as two "
-                             f"contiguous tensors of one shape at distinct 16-byte aligned addresses")
-        halves.append(h)
     pq, a = _empty(dev, torch.float32, R, 2 * I), _empty(dev, torch.bfloat16, R, I)
-    b, b_up = _b_halves(halves[0], H)
+    b, b_up = _b_halves(halves, H)
     segs = [Segment.expert_rows(sched.offsets, E, 2 * I, H, Operand(x_RH, 0, H, H), b,
                                 Operand(pq, 0, 2 * I, 2 * I), aux=Operand(a, 0, I, I), b_up=b_up)]
     pq_s = a_s = None
     if S:
         pq_s, a_s = _empty(dev, torch.float32, T, 2 * S), _empty(dev, torch.bfloat16, T, S)
-        b, b_up = _b_halves(halves[1], H)
+        b, b_up = _b_halves(halves_s, H)
         segs.append(Segment.all_rows(T, 2 * S, H, Operand(x_TH, 0, 0, H), b, Operand(pq_s, 0, 0, 2 * S),
                                      aux=Operand(a_s, 0, 0, S), b_up=b_up))
     _lib.grouped_gemm(_lib.GEMM_TN_SWIGLU_FWD, segs, dev, variant)
     return pq, pq_s, a, a_s
 
 
-def fused_gate_up(d: Dims, routed_gate, routed_up, shared_gate, shared_up) -> int | None:
-    """The tile variant of `gate_up_swiglu` for this layer, or None when it runs `gate_up` and `swiglu` apart:
+def fused_gate_up(d: Dims, routed_gate, routed_up, shared_gate, shared_up):
+    """(variant, halves, halves_s) for `gate_up_swiglu`, or None when this layer runs `gate_up` and `swiglu` apart:
     gate and up (routed, and shared when S > 0) are neither halves of one tensor nor two tensors the fused GEMM can
     read (`_checks.gate_up_halves`), or _tiles.py says no."""
-    if gate_up_halves(routed_gate, routed_up) is None or (d.S and gate_up_halves(shared_gate, shared_up) is None):
+    halves = gate_up_halves(routed_gate, routed_up)
+    halves_s = gate_up_halves(shared_gate, shared_up) if d.S else None
+    if halves is None or (d.S and halves_s is None):
         return None
-    return _tiles.fused_gate_up_variant(d.H, d.I, d.S)
+    v = _tiles.fused_gate_up_variant(d.H, d.I, d.S)
+    return None if v is None else (v, halves, halves_s)
 
 
 def swiglu(gu, gu_s, sched: Schedule, d: Dims):
@@ -160,9 +153,10 @@ def run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, r
     sched = build_schedule(topk_idx, dims.E, R)
     x_RH = _empty(x.device, torch.bfloat16, R, dims.H)
     _lib.gather_rows(x, sched.pair_row, R, x_RH)
-    v = fused_gate_up(dims, routed_gate, routed_up, shared_gate, shared_up)
-    if v is not None:
-        pq, pq_s, a_RI, a_s = gate_up_swiglu(x, x_RH, sched, dims, routed_gate, routed_up, shared_gate, shared_up, v)
+    fused = fused_gate_up(dims, routed_gate, routed_up, shared_gate, shared_up)
+    if fused is not None:
+        v, halves, halves_s = fused
+        pq, pq_s, a_RI, a_s = gate_up_swiglu(x, x_RH, sched, dims, halves, halves_s, v)
     else:
         pq, pq_s = gate_up(x, x_RH, sched, dims, routed_gate, routed_up, shared_gate, shared_up)  # [g | u] here
         a_RI, a_s = swiglu(pq, pq_s, sched, dims)  # ... and [p | q] from here on

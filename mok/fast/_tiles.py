@@ -39,11 +39,11 @@ an H100: 10.60 against 10.57 and 31.25 against 31.20 ms steady), so the rule kee
 The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
 up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
 gate and up weights are the halves of one tensor or two tensors it can read (`_checks.gate_up_halves`; since run 31)
-and 8 splits I and S, always in the ping-pong 128x192 tile (that
-kind runs without clusters). The tile's halves (96 columns) need not split I: in the last tile they run past it and
-the epilogue stores nothing there. Until run 18 the halves had to split I and S, so the DeepSeek-V3 slice (I = 2048),
-Mixtral-8x7B (14336) and OLMoE-1B-7B (1024) ran the cooperative 128x256 tile, whose epilogue (fp32 [g | u] and bf16
-a stored from registers) does not overlap the tensor cores. Run 18, the fused launch alone, cooperative -> ping-pong
+and 8 splits I and S, always in the ping-pong 128x192 tile (that kind runs without clusters). The tile's halves (96
+columns) need not split I: in the last tile they run past it and the epilogue stores nothing there. Until run 18
+the halves had to split I and S, so the DeepSeek-V3 slice (I = 2048), Mixtral-8x7B (14336) and OLMoE-1B-7B (1024)
+ran the cooperative 128x256 tile, whose epilogue (fp32 [g | u] and bf16 a stored from registers) does not overlap
+the tensor cores. Run 18, the fused launch alone, cooperative -> ping-pong
 (`python benchmarks/bench_gate_up.py`): Mixtral-8x7B 6.35 -> 5.92 ms, OLMoE 1.82 -> 1.70, DeepSeek-V3 slice 6.87 ->
 6.81 (its last tile a third full); whole steps (`python benchmarks/energy_probe.py`, two calls) 1.7-1.9% less time
 steady on Mixtral-8x7B, 2.5-3.0% on OLMoE, 0.3-0.6% on the DeepSeek-V3 slice (benchmarks/RESULTS.md run 18).

@@ -38,7 +38,9 @@ def test_two_tensors_give_the_concatenations_bits_in_every_variant(monkeypatch, 
     rg, ru = two_gate_up_tensors(inputs["routed_gate"], inputs["routed_up"], up_first)
     sg, su = two_gate_up_tensors(inputs["shared_gate"], inputs["shared_up"], up_first) if cfg.S else (None, None)
     for g, u in ((rg, ru), (sg, su))[:1 + bool(cfg.S)]:
-        assert _backward.dx_reads_apart(g, u) and (u.data_ptr() < g.data_ptr()) == up_first
+        read = _backward.dx_reads(g, u)
+        assert read is not None and read[0] is g and read[1] is u, "read apart"
+        assert (u.data_ptr() < g.data_ptr()) == up_first
         assert (abs(u.data_ptr() - g.data_ptr()) // 2) % cfg.H != 0, "the halves must not be whole rows apart"
     apart = _backward.gate_up_weights(rg, ru, sg, su)
     assert apart[0][1] is ru and (not cfg.S or apart[1][1] is su), "read apart, not concatenated"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mok.fast as fast
-from mok.fast import _backward, _forward, _lib, _tiles
+from mok.fast import _backward, _checks, _forward, _lib, _tiles
 from mok.fast._lib import Operand, Segment
 from mok.harness.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
 from mok.harness.cases import MoEConfig, make_inputs, two_gate_up_tensors, with_stacked_gate_up
@@ -32,6 +32,12 @@ IDS = ["mid_shared", "few_large", "many_small", "few_large_partial", "partial_sh
 
 def _dims(cfg):
     return Dims(T=cfg.T, H=cfg.H, I=cfg.I, S=cfg.S, E=cfg.E, K=cfg.K, L=cfg.E, W=1)
+
+
+def _halves(gate, up, shared_gate, shared_up):
+    """`_forward.gate_up_swiglu`'s halves and halves_s of these weights (`_checks.gate_up_halves`)."""
+    halves_s = _checks.gate_up_halves(shared_gate, shared_up) if shared_gate is not None else None
+    return _checks.gate_up_halves(gate, up), halves_s
 
 
 def _prepared(cfg, seed, wide):
@@ -63,7 +69,7 @@ def test_fused_gate_up_gives_the_unfused_bits_in_every_variant(monkeypatch, cfg,
     assert _forward.stacked_gate_up(w[0], w[1]) is not None
     assert _tiles.fused_gate_up_fits(cfg.I, cfg.S)
     for v in range(_lib.NUM_GEMM_VARIANTS):
-        got = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, *w, v)
+        got = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, *_halves(*w), v)
         assert_bitwise_equal(got[0][:placed], pq[:placed], f"variant {v}: [p | q]")
         assert_bitwise_equal(got[2][:placed], a[:placed], f"variant {v}: a")
         if cfg.S:
@@ -90,8 +96,8 @@ def test_two_tensors_give_the_one_tensor_bits_in_every_variant(cfg, up_first):
         assert (abs(u.data_ptr() - g.data_ptr()) // 2) % cfg.H != 0, "the halves must not be whole rows apart"
     placed = int(sched.offsets[cfg.E])
     for v in range(_lib.NUM_GEMM_VARIANTS):
-        want = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, *w, v)
-        got = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, *apart[0], *apart[1], v)
+        want = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, *_halves(*w), v)
+        got = _forward.gate_up_swiglu(inputs["x"], x_RH, sched, d, *_halves(*apart[0], *apart[1]), v)
         assert_bitwise_equal(got[0][:placed], want[0][:placed], f"variant {v}: [p | q]")
         assert_bitwise_equal(got[2][:placed], want[2][:placed], f"variant {v}: a")
         if cfg.S:

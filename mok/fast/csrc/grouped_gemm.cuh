@@ -175,44 +175,39 @@ struct GroupedGemm {
     return hw;
   }
 
-  static typename Gemm::Arguments make_args(Arrays arr, int groups, int device) {
-    typename Gemm::Arguments args;
-    if constexpr (kSwigluFwd) {  // the paired-B mainloop's arguments add the up rows
-      args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                      {groups, arr.shapes, nullptr},
-                                      {{arr.a, arr.sa, arr.b, arr.sb}, arr.bu},
-                                      {arr.c, arr.sc, arr.d, arr.sd},
-                                      hw_info(device)};
-    } else if constexpr (kHasAux) {
-      args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                      {groups, arr.shapes, nullptr},
-                                      {arr.a, arr.sa, arr.b, arr.sb},
-                                      {arr.c, arr.sc, arr.d, arr.sd},
-                                      hw_info(device)};
-    } else if constexpr (kKHalves) {
-      decltype(args.epilogue.thread) fusion;
-      fusion.alpha = 1.0f;
-      fusion.beta = 0.0f;
-      fusion.alpha_ptr = nullptr;
-      fusion.beta_ptr = nullptr;
-      args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                      {groups, arr.shapes, nullptr},
-                                      {{arr.a, arr.sa, arr.b, arr.sb}, arr.bu},
-                                      {fusion, nullptr, arr.sd, arr.d, arr.sd},
-                                      hw_info(device)};
+  // CUTLASS's mainloop arguments, with B's second half for the mainloops that read one (kBUp).
+  static typename GemmKernel::MainloopArguments mainloop_args(Arrays arr) {
+    if constexpr (kBUp) {
+      return {{arr.a, arr.sa, arr.b, arr.sb}, arr.bu};
     } else {
-      decltype(args.epilogue.thread) fusion;
-      fusion.alpha = 1.0f;
-      fusion.beta = 0.0f;
-      fusion.alpha_ptr = nullptr;
-      fusion.beta_ptr = nullptr;
-      args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                      {groups, arr.shapes, nullptr},
-                                      {arr.a, arr.sa, arr.b, arr.sb},
-                                      {fusion, nullptr, arr.sd, arr.d, arr.sd},
-                                      hw_info(device)};
+      return {arr.a, arr.sa, arr.b, arr.sb};
     }
-    return args;
+  }
+
+  // The SwiGLU epilogues' arguments (C: operand aux), or the linear epilogue's D = the accumulator (no C).
+  static typename GemmKernel::EpilogueArguments epilogue_args(Arrays arr) {
+    if constexpr (kHasAux) {
+      return {arr.c, arr.sc, arr.d, arr.sd};
+    } else {
+      typename GemmKernel::EpilogueArguments args{};
+      args.thread.alpha = 1.0f;
+      args.thread.beta = 0.0f;
+      args.thread.alpha_ptr = nullptr;
+      args.thread.beta_ptr = nullptr;
+      args.ptr_C = nullptr;
+      args.dC = arr.sd;
+      args.ptr_D = arr.d;
+      args.dD = arr.sd;
+      return args;
+    }
+  }
+
+  static typename Gemm::Arguments make_args(Arrays arr, int groups, int device) {
+    return typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                    {groups, arr.shapes, nullptr},
+                                    mainloop_args(arr),
+                                    epilogue_args(arr),
+                                    hw_info(device)};
   }
 
   static size_t workspace_bytes(int groups, int device) {
