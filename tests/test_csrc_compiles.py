@@ -4,6 +4,7 @@ kernel's wgmma instructions (a silent loss of most of a GEMM's speed, which the 
 no kernel spills registers.
 Skipped, with the reason, when nvcc or the CUTLASS headers (pip install nvidia-cutlass) are absent."""
 import os
+import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -85,6 +86,43 @@ def test_gather_producer_probe_compiles_for_sm90a(tmp_path):
     probe_flags = ["-std=c++17", "-O3", *_build.ARCH_FLAGS]  # no CUTLASS, no torch: the library's arch only
     _, rc, err = _compile(nvcc, probe_flags, src, tmp_path)
     assert rc == 0, f"{src}:\n{err[-3000:]}"
+
+
+def _smem_stages_table(nvcc, flags, csrc, out):
+    """benchmarks/smem_stages.cu built against the headers in `csrc` and run (host only): its table's rows as
+    {(kind, variant): (tile, stages, bytes a stage, kernel bytes, stages with a second B tile)}."""
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "smem_stages.cu"
+    own = ["-I" + str(_build.CSRC)]
+    r = subprocess.run([nvcc, *[f for f in flags if f not in own], f"-I{csrc}", str(src), "-o", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {}
+    for line in subprocess.run([str(out)], capture_output=True, text=True, check=True).stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 8 and cells[1].isdigit():
+            rows[cells[0], int(cells[1])] = (cells[2], int(cells[3]), int(cells[4]), int(cells[6]), int(cells[7]))
+    return rows
+
+
+def test_smem_stages_counts_and_the_stages_probe_builds_with_them(tmp_path):
+    """benchmarks/smem_stages.cu reads each row-tiled kind's stages from the CUTLASS types: a stage is one A and one
+    B tile of 64-wide K, every kernel fits the SM, and one more B tile a stage leaves fewer stages. The probe library's
+    headers (benchmarks/stages_probe.diff, applied as benchmarks/stages_probe.sh does) give exactly those stages."""
+    nvcc, flags = _toolchain()
+    now = _smem_stages_table(nvcc, flags, _build.CSRC, tmp_path / "now")
+    assert len(now) == 16, sorted(now)
+    for (kind, v), (tile, stages, stage_bytes, kernel_bytes, paired) in now.items():
+        m, n = map(int, tile.split("x"))
+        assert stage_bytes == (m + n) * 64 * 2 and kernel_bytes <= 232448, (kind, v)
+        assert 2 <= paired < stages, (kind, v, stages, paired)
+    root = Path(__file__).resolve().parents[1]
+    patched = tmp_path / "tree"  # not a git work tree: git apply patches the files as they are
+    shutil.copytree(_build.CSRC, patched / "mok" / "fast" / "csrc")
+    r = subprocess.run(["git", "apply", str(root / "benchmarks" / "stages_probe.diff")], cwd=patched,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    probe = _smem_stages_table(nvcc, flags, patched / "mok" / "fast" / "csrc", tmp_path / "probe")
+    assert {k: row[1] for k, row in probe.items()} == {k: row[4] for k, row in now.items()}
 
 
 # 64 loads live at once, compiled with 24 registers a thread: ptxas must spill.
