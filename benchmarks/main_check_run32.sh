@@ -11,6 +11,10 @@
 #             once each stage holds a second B tile, 5 -> 3 and d_a's 4 -> 2), one process each, two rounds
 #             alternating; then whole steps of the same shapes (energy_probe.py, STAGE_WORKLOADS: burst and steady)
 #             under each, same order;
+#   dx-stages the d_x (and down) GEMMs with fewer mainloop stages than the carve-out gives (the stages step found d_x
+#             faster at 3): the GPU tests of d_x and the tiles under the last of DX_LIBS, then profile_fast.py (down and
+#             d_x lines) and whole steps (energy_probe.py, DX_WORKLOADS, two rounds, the second in reverse order) under
+#             each of DX_LIBS (stages_probe.diff with -DMOK_PROBE_STAGES=N, one or two translation units);
 #   da-v2     mid-64e's fused d_a launch in 2x1 clusters (tile variant 2; 3% faster alone in run 30) against the
 #             rule's variant 3, whole steps interleaved (energy_probe.py, DA_WORKLOADS).
 # Printing steps for the CPU check (tests/test_bench_configs.py): `stage-configs`, `stage-workloads`, `da-workloads`.
@@ -21,6 +25,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STAGE_CONFIGS=qwen3-30b-a3b,mid-64e,olmoe-1b-7b
 STAGE_WORKLOADS="mok:qwen3-30b-a3b mok:mid-64e@S0 mok:olmoe-1b-7b"
+DX_WORKLOADS="mok:qwen3-30b-a3b mok:mid-64e@S0 mok:olmoe-1b-7b mok:dsv3-ep8-slice@S0 mok:mixtral-8x7b"
 DA_WORKLOADS="mok:mid-64e@S0 mok:mid-64e@S0+MOK_FAST_GEMM_VARIANT=,,,,,,2,,"
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
@@ -50,10 +55,27 @@ for step in "$@"; do
               MOK_FAST_LIB=$lib timeout $(cap 90) python benchmarks/energy_probe.py $STAGE_WORKLOADS --seconds 2 \
                 --cool 1 2>&1 | grep -E "^\| mok|^\| workload"
             done | tee "$OUT/stages_energy.log";;
+    dx-stages) echo "== dx-stages ($(left) s left)"  # DX_LIBS: space-separated libraries, the first the baseline
+               last=${DX_LIBS##* }
+               MOK_FAST_LIB=$last timeout $(cap 120) python -m pytest tests/gpu/test_fast_dx_halves.py \
+                 tests/gpu/test_fast_tiles.py -q -p no:cacheprovider 2>&1 | tail -1
+               for lib in $DX_LIBS; do
+                 echo "## library $lib"
+                 MOK_FAST_LIB=$lib timeout $(cap 60) python benchmarks/profile_fast.py "$STAGE_CONFIGS" 2>&1 \
+                   | grep -E "^[a-z0-9.-]+: wall|down:|d_x:"
+               done | tee "$OUT/dx_stages_profile.log"
+               for r in 1 2; do
+                 libs=$DX_LIBS; [ $r = 2 ] && libs=$(echo $DX_LIBS | tr ' ' '\n' | tac | tr '\n' ' ')
+                 for lib in $libs; do
+                   echo "## round $r, library $lib"
+                   MOK_FAST_LIB=$lib timeout $(cap 60) python benchmarks/energy_probe.py $DX_WORKLOADS --seconds 2 \
+                     --cool 1 2>&1 | grep -E "^\| mok"
+                 done
+               done | tee "$OUT/dx_stages_energy.log";;
     da-v2) echo "== da-v2 ($(left) s left)"
            timeout $(cap 150) python benchmarks/energy_probe.py $DA_WORKLOADS --seconds 3 --cool 1.5 --rounds 2 2>&1 \
              | grep -v -i warn | tee "$OUT/energy_da_v2.log" | tail -6;;
     *) echo "unknown step $step"; exit 2;;
   esac
-  case $step in tests|verify|stages|da-v2) date -u;; esac
+  case $step in tests|verify|stages|dx-stages|da-v2) date -u;; esac
 done
