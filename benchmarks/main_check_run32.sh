@@ -12,7 +12,7 @@
 #             alternating; then whole steps of the same shapes (energy_probe.py, STAGE_WORKLOADS: burst and steady)
 #             under each, same order;
 #   dx-stages the d_x (and down) GEMMs with fewer mainloop stages than the carve-out gives (the stages step found d_x
-#             faster at 3): the GPU tests of d_x and the tiles under the last of DX_LIBS, then profile_fast.py (down and
+#             faster at 3): the GPU tests of d_x and the tiles under the last of DX_LIBS (unless DX_TESTS=0), then profile_fast.py (down and
 #             d_x lines) and whole steps (energy_probe.py, DX_WORKLOADS, two rounds, the second in reverse order) under
 #             each of DX_LIBS (stages_probe.diff with -DMOK_PROBE_STAGES=N, one or two translation units);
 #   da-v2     mid-64e's fused d_a launch in 2x1 clusters (tile variant 2; 3% faster alone in run 30) against the
@@ -57,8 +57,8 @@ for step in "$@"; do
             done | tee "$OUT/stages_energy.log";;
     dx-stages) echo "== dx-stages ($(left) s left)"  # DX_LIBS: space-separated libraries, the first the baseline
                last=${DX_LIBS##* }
-               MOK_FAST_LIB=$last timeout $(cap 120) python -m pytest tests/gpu/test_fast_dx_halves.py \
-                 tests/gpu/test_fast_tiles.py -q -p no:cacheprovider 2>&1 | tail -1
+               [ "${DX_TESTS:-1}" = 0 ] || MOK_FAST_LIB=$last timeout $(cap 120) python -m pytest \
+                 tests/gpu/test_fast_dx_halves.py tests/gpu/test_fast_tiles.py -q -p no:cacheprovider 2>&1 | tail -1
                for lib in $DX_LIBS; do
                  echo "## library $lib"
                  MOK_FAST_LIB=$lib timeout $(cap 60) python benchmarks/profile_fast.py "$STAGE_CONFIGS" 2>&1 \
