@@ -12,12 +12,13 @@
 #             alternating; then whole steps of the same shapes (energy_probe.py, STAGE_WORKLOADS: burst and steady)
 #             under each, same order;
 #   dx-stages the d_x (and down) GEMMs with fewer mainloop stages than the carve-out gives (the stages step found d_x
-#             faster at 3): the GPU tests of d_x and the tiles under the last of DX_LIBS (unless DX_TESTS=0), then profile_fast.py (down and
-#             d_x lines) and whole steps (energy_probe.py, DX_WORKLOADS, two rounds, the second in reverse order) under
-#             each of DX_LIBS (stages_probe.diff with -DMOK_PROBE_STAGES=N, one or two translation units);
+#             faster at 3): profile_fast.py's down and d_x lines on STAGE_CONFIGS and whole steps (energy_probe.py,
+#             DX_WORKLOADS, two rounds) under each of DX_LIBS, the baseline first (stages_probe.diff with
+#             -DMOK_PROBE_STAGES=N on one or two translation units); run `tests` under a candidate library first;
 #   da-v2     mid-64e's fused d_a launch in 2x1 clusters (tile variant 2; 3% faster alone in run 30) against the
 #             rule's variant 3, whole steps interleaved (energy_probe.py, DA_WORKLOADS).
-# Printing steps for the CPU check (tests/test_bench_configs.py): `stage-configs`, `stage-workloads`, `da-workloads`.
+# Printing steps for the CPU check (tests/test_bench_configs.py): `stage-configs`, `stage-workloads`, `dx-workloads`,
+# `da-workloads`.
 # Usage (repo root, a library built from this tree and the probe built from it, both carried):
 #   MOK_FAST_LIB=$PWD/.build/b32/libmok_fast.so STAGES_LIB=$PWD/.build/stages/libmok_fast.so \
 #     bash benchmarks/main_check_run32.sh tests verify stages
@@ -30,10 +31,30 @@ DA_WORKLOADS="mok:mid-64e@S0 mok:mid-64e@S0+MOK_FAST_GEMM_VARIANT=,,,,,,2,,"
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
 cap() { echo $(( $(left) < $1 ? $(left) : $1 )); }  # seconds for a step: at most $1, at most what is left
+profiles() {  # rounds, configs, libraries...: profile_fast.py under each library in turn, one process each
+  local rounds=$1 configs=$2; shift 2
+  for r in $(seq "$rounds"); do
+    for lib in "$@"; do
+      echo "## round $r, library $lib"
+      MOK_FAST_LIB=$lib timeout $(cap 90) python benchmarks/profile_fast.py "$configs" 2>&1 | grep -v -i warn
+    done
+  done
+}
+steps() {  # rounds, workloads, libraries...: energy_probe.py's whole steps under each library in turn
+  local rounds=$1 workloads=$2; shift 2
+  for r in $(seq "$rounds"); do
+    for lib in "$@"; do
+      echo "## round $r, library $lib"
+      MOK_FAST_LIB=$lib timeout $(cap 90) python benchmarks/energy_probe.py $workloads --seconds 2 --cool 1 2>&1 \
+        | grep -E "^\| mok|^\| workload"
+    done
+  done
+}
 for step in "$@"; do
   case $step in
     stage-configs) echo $STAGE_CONFIGS;;
     stage-workloads) echo $STAGE_WORKLOADS;;
+    dx-workloads) echo $DX_WORKLOADS;;
     da-workloads) echo $DA_WORKLOADS;;
     tests) date -u; nvidia-smi --query-gpu=name --format=csv,noheader
            timeout $(cap ${TESTS_S:-240}) python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
@@ -42,36 +63,13 @@ for step in "$@"; do
               | tee "$OUT/verify.log" | tail -3;;
     h200) BUDGET_S=$(left) bash benchmarks/main_check_run31.sh h200;;
     stages) echo "== stages ($(left) s left)"
-            for r in 1 2; do
-              for lib in "$MOK_FAST_LIB" "$STAGES_LIB"; do
-                echo "## round $r, library $lib"
-                MOK_FAST_LIB=$lib timeout $(cap 90) python benchmarks/profile_fast.py "$STAGE_CONFIGS" 2>&1 \
-                  | grep -v -i warn
-              done
-            done > "$OUT/stages_profile.log"
+            profiles 2 "$STAGE_CONFIGS" "$MOK_FAST_LIB" "$STAGES_LIB" > "$OUT/stages_profile.log"
             grep -E "^## |^== |cutlass|wall" "$OUT/stages_profile.log" | head -80
-            for lib in "$MOK_FAST_LIB" "$STAGES_LIB" "$MOK_FAST_LIB" "$STAGES_LIB"; do
-              echo "## library $lib"
-              MOK_FAST_LIB=$lib timeout $(cap 90) python benchmarks/energy_probe.py $STAGE_WORKLOADS --seconds 2 \
-                --cool 1 2>&1 | grep -E "^\| mok|^\| workload"
-            done | tee "$OUT/stages_energy.log";;
-    dx-stages) echo "== dx-stages ($(left) s left)"  # DX_LIBS: space-separated libraries, the first the baseline
-               last=${DX_LIBS##* }
-               [ "${DX_TESTS:-1}" = 0 ] || MOK_FAST_LIB=$last timeout $(cap 120) python -m pytest \
-                 tests/gpu/test_fast_dx_halves.py tests/gpu/test_fast_tiles.py -q -p no:cacheprovider 2>&1 | tail -1
-               for lib in $DX_LIBS; do
-                 echo "## library $lib"
-                 MOK_FAST_LIB=$lib timeout $(cap 60) python benchmarks/profile_fast.py "$STAGE_CONFIGS" 2>&1 \
-                   | grep -E "^[a-z0-9.-]+: wall|down:|d_x:"
-               done | tee "$OUT/dx_stages_profile.log"
-               for r in 1 2; do
-                 libs=$DX_LIBS; [ $r = 2 ] && libs=$(echo $DX_LIBS | tr ' ' '\n' | tac | tr '\n' ' ')
-                 for lib in $libs; do
-                   echo "## round $r, library $lib"
-                   MOK_FAST_LIB=$lib timeout $(cap 60) python benchmarks/energy_probe.py $DX_WORKLOADS --seconds 2 \
-                     --cool 1 2>&1 | grep -E "^\| mok"
-                 done
-               done | tee "$OUT/dx_stages_energy.log";;
+            steps 2 "$STAGE_WORKLOADS" "$MOK_FAST_LIB" "$STAGES_LIB" | tee "$OUT/stages_energy.log";;
+    dx-stages) echo "== dx-stages ($(left) s left)"
+               profiles 1 "$STAGE_CONFIGS" $DX_LIBS | grep -E "^## |^[a-z0-9.-]+: wall|down:|d_x:" \
+                 | tee "$OUT/dx_stages_profile.log"
+               steps 2 "$DX_WORKLOADS" $DX_LIBS | tee "$OUT/dx_stages_energy.log";;
     da-v2) echo "== da-v2 ($(left) s left)"
            timeout $(cap 150) python benchmarks/energy_probe.py $DA_WORKLOADS --seconds 3 --cool 1.5 --rounds 2 2>&1 \
              | grep -v -i warn | tee "$OUT/energy_da_v2.log" | tail -6;;

@@ -411,8 +411,8 @@ def test_main_check_run31_ab_configs_are_suite_shapes(tmp_path):
 
 
 def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
-    """Run 32's planned device steps: the stages step's configs and workloads name known shapes (profile_fast.py and
-    energy_probe.py stop at an unknown one), and the da-v2 step pairs mid-64e with itself, the second forcing only
+    """Run 32's planned device steps: the stages and dx-stages steps' configs and workloads name known shapes
+    (profile_fast.py and energy_probe.py stop at an unknown one), with no settings of their own, and the da-v2 step pairs mid-64e with itself, the second forcing only
     the fused d_a kind (MOK_FAST_GEMM_VARIANT's seventh entry) to variant 2."""
     parse, configs = _energy_probe()
 
@@ -423,16 +423,21 @@ def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
     assert len(names) == len(set(names)) == 3 and set(names) <= set(configs), names
     staged = [parse(s, configs) for s in step("stage-workloads")]
     assert [c["name"] for _, c, _ in staged] == names and all(env == {} for _, _, env in staged), staged
+    dx = [parse(s, configs) for s in step("dx-workloads")]
+    assert {c["name"] for _, c, _ in dx} >= set(names) and all(env == {} for _, _, env in dx), dx
     (k0, c0, env0), (k1, c1, env1) = [parse(s, configs) for s in step("da-workloads")]
     assert k0 == k1 == "mok" and c0 == c1 and c0["name"] == "mid-64e" and c0["S"] == 0, (c0, c1)
     assert env0 == {} and env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1
 
 
-def test_stages_probe_diff_still_applies_to_this_tree():
-    """benchmarks/stages_probe.sh patches this tree's csrc with benchmarks/stages_probe.diff; a change to
-    grouped_gemm.cuh that the diff no longer fits would stop the probe's build on the device's session."""
+@pytest.mark.parametrize("diff", [
+    "stages_probe.diff",       # benchmarks/stages_probe.sh patches a copy of csrc with it
+    "dx_stages_intree.diff",   # d_x at three stages in the tree, kept until a GPU measures it (RESULTS.md run 32)
+])
+def test_kept_csrc_diffs_still_apply_to_this_tree(diff):
+    """A change to csrc that one of the kept diffs no longer fits would stop its build in a device session."""
     import subprocess
 
-    r = subprocess.run(["git", "apply", "--check", str(BENCH / "stages_probe.diff")], capture_output=True, text=True,
+    r = subprocess.run(["git", "apply", "--check", str(BENCH / diff)], capture_output=True, text=True,
                        cwd=BENCH.parent)
     assert r.returncode == 0, r.stderr
