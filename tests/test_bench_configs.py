@@ -430,14 +430,22 @@ def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
     assert env0 == {} and env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1
 
 
-@pytest.mark.parametrize("diff", [
-    "stages_probe.diff",       # benchmarks/stages_probe.sh patches a copy of csrc with it
-    "dx_stages_intree.diff",   # d_x at three stages in the tree, kept until a GPU measures it (RESULTS.md run 32)
-])
-def test_kept_csrc_diffs_still_apply_to_this_tree(diff):
-    """A change to csrc that one of the kept diffs no longer fits would stop its build in a device session."""
+def test_stages_probe_diff_still_applies_to_this_tree():
+    """benchmarks/stages_probe.sh patches a copy of csrc with stages_probe.diff: a change to csrc that the diff no
+    longer fits would stop the probe's build in a device session."""
     import subprocess
 
-    r = subprocess.run(["git", "apply", "--check", str(BENCH / diff)], capture_output=True, text=True,
-                       cwd=BENCH.parent)
+    r = subprocess.run(["git", "apply", "--check", str(BENCH / "stages_probe.diff")], capture_output=True,
+                       text=True, cwd=BENCH.parent)
     assert r.returncode == 0, r.stderr
+
+
+def test_main_check_run33_gate_up_tiles_pair_each_shape_with_only_the_fused_gate_up_kind_forced(tmp_path):
+    """Run 33's gu-tiles step: each few-large-expert shape twice, as the rule runs it and with only the fused gate/up
+    + SwiGLU kind (MOK_FAST_GEMM_VARIANT's eighth entry) forced to the cooperative tile, variant 0."""
+    parse, configs = _energy_probe()
+    parsed = [parse(s, configs) for s in _script_step("main_check_run33.sh", "gu-workloads", tmp_path)]
+    assert len(parsed) == 8 and all(kind == "mok" for kind, _, _ in parsed), parsed
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and c0["I"] >= 4096 and env0 == {}, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["0", ""], env1

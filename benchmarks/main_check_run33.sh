@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Run 33's device calls. Steps, each logged under $OUT, each given what is left of BUDGET_S (seconds, default 560):
+#   h200      main_check_run31.sh's h200 step on this tree: issue 13's preset, the suite with both layouts, the
+#             fused forward's tiles (refuses to run on another card);
+#   gu-tiles  the fused gate/up + SwiGLU launch of the few-large-expert shapes in the cooperative 128x256 tile
+#             (variant 0) against the rule's ping-pong 128x192 (variant 3): whole steps, interleaved in one process
+#             (energy_probe.py GU_WORKLOADS, two rounds, the second in reverse order). Run 31 timed Llama-4-Scout's
+#             fused forward alone at 7.11 ms in the cooperative tile against 7.99 (an H100).
+# Printing step for the CPU check (tests/test_bench_configs.py): `gu-workloads`.
+# Usage (repo root, a library built from this tree, carried):
+#   MOK_FAST_LIB=$PWD/.build/b32/libmok_fast.so bash benchmarks/main_check_run33.sh gu-tiles
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+COOP=MOK_FAST_GEMM_VARIANT=,,,,,,,0,  # GEMM_TN_SWIGLU_FWD (the eighth kind) in variant 0, every other kind as the rule says
+GU_WORKLOADS=""
+for shape in llama-4-scout dbrx phi-3.5-moe mixtral-8x7b; do GU_WORKLOADS+="mok:$shape mok:$shape+$COOP "; done
+start=$(date +%s)
+left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
+for step in "$@"; do
+  case $step in
+    gu-workloads) echo $GU_WORKLOADS;;
+    h200) BUDGET_S=$(left) bash benchmarks/main_check_run31.sh h200;;
+    gu-tiles) echo "== gu-tiles ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+              timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py $GU_WORKLOADS --seconds 3 --cool 1.5 \
+                --rounds 2 2>&1 | grep -v -i warn | tee "$OUT/energy_gu_tiles.log" | tail -12;;
+    *) echo "unknown step $step"; exit 2;;
+  esac
+  case $step in h200|gu-tiles) date -u;; esac
+done
