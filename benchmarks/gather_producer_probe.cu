@@ -2,24 +2,40 @@
 //
 // A probe, not a GEMM: the kernel has the shape of the grouped GEMMs' ping-pong kernel (384 threads: a producer
 // warpgroup at 40 registers, consumer warpgroups at 232, `setmaxnreg`, one CTA per SM, STAGES stages of a
-// 128 x 64 bf16 A tile on full/empty mbarriers), but the consumer only waits for each stage and releases it (after
-// `--consume-ns` of spinning, to stand in for the tensor cores), so the time per stage is the producer's.
+// 128 x 64 bf16 A tile on full/empty mbarriers). Two consumers (--consumer):
+//   spin   waits for each stage and releases it (after `--consume-ns` of spinning, to stand in for the tensor cores),
+//          so the time per stage is the producer's (run 14);
+//   wgmma  the ping-pong tile's mainloop for real: each stage also holds a 192 x 64 bf16 B tile (one 2D TMA from a
+//          weight [n_tiles * 192, H], lane 0 of warp 0), and one consumer warpgroup multiplies the 128 x 192 tile with
+//          wgmma m64n192k16 (two 64-row halves, four k-steps a stage, fp32 accumulators), releasing a stage once the
+//          wgmma that read it are done (`wgmma.wait_group 1`), draining at each tile's end as an epilogue would. Rows
+//          copied by cp.async are made visible to wgmma's async proxy with `fence.proxy.async` after the full
+//          barrier. The time per stage is then the slower of the producers and the tensor cores, with the cp.async
+//          traffic and the wgmma reads sharing shared memory (what the spin consumer cannot show). No epilogue, no
+//          output: the accumulators are kept live by one store.
 //
 // Producers (--mode):
 //   tma      one lane of warp 0 loads the tile of a contiguous x_RH [R, H] with one 2D TMA (what the GEMMs do now);
 //   cpasync  NW producer warps (--warps 1, 2 or 4) each copy 128 / NW rows of the tile with 16-byte cp.async.cg from
 //            x_TH [T, H] through a row -> token table (the gather), 8 lanes per 128-byte row, completing on the
-//            stage's full barrier with cp.async.mbarrier.arrive.noinc (arrival count 32 NW);
+//            stage's full barrier with cp.async.mbarrier.arrive.noinc (arrival count 32 NW, one more for B's TMA);
 //   --contiguous  cpasync reading row r of x_RH instead (no gather: isolates the gather's cost).
 // Tiles are walked as the GEMM's persistent scheduler walks them: CTA c takes tiles c, c + #SMs, ...; tile t reads
-// row block t / N_TILES (N_TILES output tiles share a row block, so its rows come from L2 after the first read).
+// row block t / N_TILES (N_TILES output tiles share a row block, so its rows come from L2 after the first read) and,
+// with wgmma, B's column block t % N_TILES.
 //
-// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o gather_probe gather_producer_probe.cu
-// Run:   ./gather_probe --mode tma | --mode cpasync --warps N [--contiguous] [--tokens 16384 --hidden 2048 --topk 8
-//        --n-tiles 8 --consume-ns 0 --reps 20]
-// Prints: mode, warps, us per stage (per CTA), GB/s of tile bytes delivered to shared memory in all.
+// Build (CuTe's wgmma atoms; from the repo root):
+//   nvcc $(python -c "from mok.fast import _build; print(' '.join(_build.compile_flags()))") \
+//     -o gather_probe benchmarks/gather_producer_probe.cu
+// Run:   ./gather_probe --mode tma | --mode cpasync --warps N [--contiguous] [--consumer spin|wgmma]
+//        [--tokens 16384 --hidden 2048 --topk 8 --n-tiles 8 --consume-ns 0 --reps 20]
+// Prints: mode, consumer, warps, us per stage (per CTA), GB/s of A tile bytes delivered to shared memory in all,
+// and with wgmma the tensor cores' TFLOP/s.
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -27,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #define CK(x)                                                                                   \
@@ -38,8 +55,9 @@
     }                                                                                           \
   } while (0)
 
-constexpr int kBlkM = 128, kBlkK = 64, kStages = 5, kThreads = 384;
-constexpr int kTileBytes = kBlkM * kBlkK * 2;  // 16 KiB
+constexpr int kBlkM = 128, kBlkN = 192, kBlkK = 64, kStages = 5, kThreads = 384;
+constexpr int kTileBytes = kBlkM * kBlkK * 2;   // A: 16 KiB
+constexpr int kTileBBytes = kBlkN * kBlkK * 2;  // B (wgmma consumer only): 24 KiB
 
 struct Args {
   const uint16_t* x;       // x_TH [T, H] (cpasync gather) or x_RH [R, H] (tma, contiguous)
@@ -50,6 +68,7 @@ struct Args {
   int tiles;               // (R / 128) * n_tiles
   int gather;              // 1: rows through token[], 0: row r of x
   long long consume_ns;    // consumer spin per stage
+  float* sink;             // one accumulator, stored so that the wgmma results stay live
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -88,17 +107,38 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* map, uin
 // 128-byte swizzle of a byte offset inside a tile whose 128-byte lines are rows (K-major A, 64 bf16 a row).
 __device__ __forceinline__ uint32_t sw128(uint32_t off) { return off ^ (((off >> 7) & 7u) << 4); }
 
-template <bool kTma, int kWarps>
-__global__ void __launch_bounds__(kThreads, 1) probe(Args a, const __grid_constant__ CUtensorMap map) {
+namespace gmma = cute::SM90::GMMA;
+// Descriptor of a K-major bf16 tile of 64-element (128-byte) rows, 128-byte swizzle, at shared address `addr`
+// (1024-byte aligned for the tile's first row): 8-row groups 1024 bytes apart (CuTe's make_gmma_desc<Major::K>).
+__device__ __forceinline__ uint64_t desc_k_sw128(uint32_t addr) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = uint16_t(addr >> 4);
+  d.bitfield.leading_byte_offset_ = 1;
+  d.bitfield.stride_byte_offset_ = 1024 >> 4;
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = uint8_t(gmma::LayoutType::B128);
+  return d.desc_;
+}
+template <size_t... I>
+__device__ __forceinline__ void mma_64x192x16(uint64_t da, uint64_t db, float (&acc)[96], gmma::ScaleOut scale,
+                                              std::index_sequence<I...>) {
+  gmma::MMA_64x192x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>::fma(da, db, acc[I]..., scale);
+}
+
+template <bool kTma, int kWarps, bool kMma>
+__global__ void __launch_bounds__(kThreads, 1)
+    probe(Args a, const __grid_constant__ CUtensorMap map, const __grid_constant__ CUtensorMap map_b) {
+  constexpr int kStageBytes = kTileBytes + (kMma ? kTileBBytes : 0);  // A, then B; both 1024-byte aligned
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* tiles = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(tiles + kStages * kTileBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(tiles + kStages * kStageBytes);
   uint64_t* empty = full + kStages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], kTma ? 1 : 32 * kWarps);
-      mbar_init(&empty[s], 1);
+      // the A copies' arrivals, and one more for B's TMA (its arrive carries the expected bytes)
+      mbar_init(&full[s], kTma ? 1 : 32 * kWarps + (kMma ? 1 : 0));
+      mbar_init(&empty[s], kMma ? 4 : 1);  // wgmma: each consumer warp once its wgmma are done
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -124,13 +164,13 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a, const __grid_consta
       for (int kt = 0; kt < a.k_tiles; ++kt, ++it) {
         const int s = it % kStages, ph = (it / kStages) & 1;
         mbar_wait(&empty[s], ph ^ 1);
-        const uint32_t st = smem_u32(tiles + s * kTileBytes);
-        if constexpr (kTma) {
-          if (lane == 0) {
-            mbar_arrive_tx(&full[s], kTileBytes);
-            tma_2d(st, &map, &full[s], kt * kBlkK, m0);
-          }
-        } else {
+        const uint32_t st = smem_u32(tiles + s * kStageBytes);
+        if (warp == 0 && lane == 0 && (kTma || kMma)) {
+          mbar_arrive_tx(&full[s], (kTma ? kTileBytes : 0) + (kMma ? kTileBBytes : 0));
+          if constexpr (kMma) tma_2d(st + kTileBytes, &map_b, &full[s], kt * kBlkK, (tile % a.n_tiles) * kBlkN);
+          if constexpr (kTma) tma_2d(st, &map, &full[s], kt * kBlkK, m0);
+        }
+        if constexpr (!kTma) {
           const int chunk = lane % 8;
           const int k = kt * kBlkK + chunk * 8;
 #pragma unroll 1
@@ -148,6 +188,38 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a, const __grid_consta
         }
       }
     }
+  } else if constexpr (kMma) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    if (wg != 1) return;  // one consumer warpgroup: the mainloop back to back, as if the epilogues were free
+    float acc[2][96];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 96; ++j) acc[h][j] = 0.f;
+    int it = 0;
+    for (int i = 0; i < my_tiles; ++i) {
+      for (int kt = 0; kt < a.k_tiles; ++kt, ++it) {
+        const int s = it % kStages, ph = (it / kStages) & 1;
+        mbar_wait(&full[s], ph);
+        if constexpr (!kTma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        const uint32_t sa = smem_u32(tiles + s * kStageBytes), sb = sa + kTileBytes;
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int k = 0; k < kBlkK / 16; ++k) {  // 16 elements = 32 bytes along each 128-byte row
+          const gmma::ScaleOut scale = (kt == 0 && k == 0) ? gmma::ScaleOut::Zero : gmma::ScaleOut::One;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)  // rows [64 h, 64 h + 64): 8 groups of 8 rows, 1024 bytes each
+            mma_64x192x16(desc_k_sw128(sa + h * 8192 + k * 32), desc_k_sw128(sb + k * 32), acc[h], scale,
+                          std::make_index_sequence<96>{});
+        }
+        cute::warpgroup_commit_batch();
+        cute::warpgroup_wait<1>();  // the previous stage's wgmma are done: release it
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+      }
+      cute::warpgroup_wait<0>();  // the tile's end: an epilogue would read the accumulators here
+      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 128) *a.sink = acc[0][0] + acc[1][95];
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     if (wg != 1) return;  // one consumer warpgroup
@@ -227,42 +299,65 @@ int main(int argc, char** argv) {
     for (auto& v : per) h.insert(h.end(), v.begin(), v.end());
     CK(cudaMemcpy(token, h.data(), R * 4, cudaMemcpyHostToDevice));
   }
-  CUtensorMap map;
-  std::memset(&map, 0, sizeof(map));
-  if (tma) {
-    cuuint64_t dims[2] = {cuuint64_t(H), cuuint64_t(R)}, strides[1] = {cuuint64_t(H) * 2};
-    cuuint32_t box[2] = {64, kBlkM}, es[2] = {1, 1};
-    // the driver's entry point through the runtime (no -lcuda at link time)
+  const char* consumer = arg_str(argc, argv, "--consumer", "spin");
+  const bool mma = !std::strcmp(consumer, "wgmma");
+  if (!mma && std::strcmp(consumer, "spin")) {
+    std::fprintf(stderr, "--consumer must be spin or wgmma, got %s\n", consumer);
+    return 2;
+  }
+  if (mma && consume_ns) {
+    std::fprintf(stderr, "--consume-ns is the spin consumer's\n");
+    return 2;
+  }
+  uint16_t* w = nullptr;  // the wgmma consumer's B: [n_tiles * 192, H]
+  float* sink;
+  CK(cudaMalloc(&sink, 4));
+  if (mma) {
+    CK(cudaMalloc(&w, int64_t(n_tiles) * kBlkN * H * 2));
+    CK(cudaMemset(w, 0x3c, int64_t(n_tiles) * kBlkN * H * 2));
+  }
+  // 2D tensormaps, 128-byte swizzle, boxes of 64 elements by `box_rows` rows (the driver's entry point through the
+  // runtime: no -lcuda at link time)
+  auto encode = [&](CUtensorMap* map, void* base, int64_t rows, int box_rows) {
+    std::memset(map, 0, sizeof(*map));
+    if (!base) return true;
+    cuuint64_t dims[2] = {cuuint64_t(H), cuuint64_t(rows)}, strides[1] = {cuuint64_t(H) * 2};
+    cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, es[2] = {1, 1};
     using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q;
     CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    CUresult r = reinterpret_cast<Encode>(fn)(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x, dims, strides, box, es,
+    CUresult r = reinterpret_cast<Encode>(fn)(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, es,
                                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-      std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", int(r));
-      return 1;
-    }
-  }
+    if (r != CUDA_SUCCESS) std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", int(r));
+    return r == CUDA_SUCCESS;
+  };
+  CUtensorMap map, map_b;
+  if (!encode(&map, tma ? x : nullptr, R, kBlkM) || !encode(&map_b, w, int64_t(n_tiles) * kBlkN, kBlkN)) return 1;
   int sms;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  Args a{x, token, H, n_tiles, H / kBlkK, int(R / kBlkM) * n_tiles, gather ? 1 : 0, consume_ns};
-  const size_t smem = kStages * kTileBytes + 2 * kStages * 8 + 1024;
-  auto kern = tma ? probe<true, 1> : warps == 1 ? probe<false, 1> : warps == 2 ? probe<false, 2> : probe<false, 4>;
+  Args a{x, token, H, n_tiles, H / kBlkK, int(R / kBlkM) * n_tiles, gather ? 1 : 0, consume_ns, sink};
+  const size_t smem = kStages * (kTileBytes + (mma ? kTileBBytes : 0)) + 2 * kStages * 8 + 1024;
+  auto pick = [&](auto m) {
+    constexpr bool kM = decltype(m)::value;
+    return tma ? probe<true, 1, kM> : warps == 1 ? probe<false, 1, kM> : warps == 2 ? probe<false, 2, kM>
+                                                                               : probe<false, 4, kM>;
+  };
+  auto kern = mma ? pick(std::true_type{}) : pick(std::false_type{});
   CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  kern<<<sms, kThreads, smem>>>(a, map);  // warm-up
+  kern<<<sms, kThreads, smem>>>(a, map, map_b);  // warm-up
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   std::vector<float> ms(reps);
   for (int i = 0; i < reps; ++i) {
     CK(cudaEventRecord(e0));
-    kern<<<sms, kThreads, smem>>>(a, map);
+    kern<<<sms, kThreads, smem>>>(a, map, map_b);
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     CK(cudaEventElapsedTime(&ms[i], e0, e1));
@@ -271,8 +366,10 @@ int main(int argc, char** argv) {
   const float med = ms[reps / 2];
   const double stages_per_cta = double(a.tiles) * a.k_tiles / sms;
   const double bytes = double(a.tiles) * a.k_tiles * kTileBytes;
-  std::printf("mode=%s warps=%d gather=%d T=%d H=%d K=%d n_tiles=%d consume_ns=%lld: %.3f ms, %.3f us/stage, %.0f GB/s\n",
-              mode, warps, a.gather, T, H, K, n_tiles, consume_ns, med, med * 1e3 / stages_per_cta,
-              bytes / (med * 1e-3) / 1e9);
+  const double tflops = mma ? 2.0 * kBlkM * kBlkN * kBlkK * double(a.tiles) * a.k_tiles / (med * 1e-3) / 1e12 : 0;
+  std::printf("mode=%s consumer=%s warps=%d gather=%d T=%d H=%d K=%d n_tiles=%d consume_ns=%lld: %.3f ms, "
+              "%.3f us/stage, %.0f GB/s of A, %.0f TFLOP/s\n",
+              mode, consumer, warps, a.gather, T, H, K, n_tiles, consume_ns, med, med * 1e3 / stages_per_cta,
+              bytes / (med * 1e-3) / 1e9, tflops);
   return 0;
 }
