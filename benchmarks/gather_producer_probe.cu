@@ -10,9 +10,9 @@
 //          wgmma m64n192k16 (two 64-row halves, four k-steps a stage, fp32 accumulators), releasing a stage once the
 //          wgmma that read it are done (`wgmma.wait_group 1`), draining at each tile's end as an epilogue would. Rows
 //          copied by cp.async are made visible to wgmma's async proxy with `fence.proxy.async` after the full
-//          barrier. The time per stage is then the slower of the producers and the tensor cores, with the cp.async
-//          traffic and the wgmma reads sharing shared memory (what the spin consumer cannot show). No epilogue, no
-//          output: the accumulators are kept live by one store.
+//          barrier. The time per stage then includes whatever the copies and the products cost each other on one
+//          SM (what the spin consumer cannot show; run 33 found it more than the slower of the two alone). No
+//          epilogue, no output: the accumulators are kept live by one store.
 //
 // Producers (--mode):
 //   tma      one lane of warp 0 loads the tile of a contiguous x_RH [R, H] with one 2D TMA (what the GEMMs do now);
