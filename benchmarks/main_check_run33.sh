@@ -1,7 +1,5 @@
 #!/usr/bin/env bash
 # Run 33's device calls. Steps, each logged under $OUT, each given what is left of BUDGET_S (seconds, default 560):
-#   h200      main_check_run31.sh's h200 step on this tree: issue 13's preset, the suite with both layouts, the
-#             fused forward's tiles (refuses to run on another card);
 #   gu-tiles  the fused gate/up + SwiGLU launch of the few-large-expert shapes in the cooperative 128x256 tile
 #             (variant 0) against the rule's ping-pong 128x192 (variant 3): whole steps, interleaved in one process
 #             (energy_probe.py GU_WORKLOADS, two rounds, the second in reverse order). Run 31 timed Llama-4-Scout's
@@ -13,10 +11,12 @@
 #             comparison with run 14. $PROBE: the probe built on the CPU box (default .build/probe/gather_probe;
 #             the build line is in the probe's header), carried.
 # Printing step for the CPU check (tests/test_bench_configs.py): `gu-workloads`.
+# Issue 13's preset on an H200 is main_check_run31.sh's h200 step.
 # Usage (repo root, a library built from this tree, carried):
 #   MOK_FAST_LIB=$PWD/.build/b32/libmok_fast.so bash benchmarks/main_check_run33.sh gu-tiles
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+PROBE=${PROBE:-.build/probe/gather_probe}
 # GEMM_TN_SWIGLU_FWD (the eighth kind) in variant 0, every other kind as the rule says
 COOP=MOK_FAST_GEMM_VARIANT=,,,,,,,0,
 GU_WORKLOADS=""
@@ -26,7 +26,6 @@ left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
 for step in "$@"; do
   case $step in
     gu-workloads) echo $GU_WORKLOADS;;
-    h200) BUDGET_S=$(left) bash benchmarks/main_check_run31.sh h200;;
     gu-tiles) echo "== gu-tiles ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
               timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py $GU_WORKLOADS --rounds 2 \
                 --seconds ${GU_SECONDS:-3} --cool ${GU_COOL:-1.5} 2>&1 | grep -v -i warn \
@@ -36,11 +35,11 @@ for step in "$@"; do
                              "--tokens 8192 --hidden 4096 --topk 6 --n-tiles 16"; do
                   for mode in "--mode tma" "--mode cpasync --warps 1" "--mode cpasync --warps 2" \
                               "--mode cpasync --warps 4" "--mode cpasync --warps 4 --contiguous"; do
-                    timeout 30 "${PROBE:-.build/probe/gather_probe}" $mode $shape --consumer wgmma
+                    timeout 30 "$PROBE" $mode $shape --consumer wgmma
                   done
-                  timeout 30 "${PROBE:-.build/probe/gather_probe}" --mode cpasync --warps 4 $shape
+                  timeout 30 "$PROBE" --mode cpasync --warps 4 $shape
                 done 2>&1 | tee "$OUT/gather_mma.log";;
     *) echo "unknown step $step"; exit 2;;
   esac
-  case $step in h200|gu-tiles|gather-mma) date -u;; esac
+  case $step in gu-tiles|gather-mma) date -u;; esac
 done

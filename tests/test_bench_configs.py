@@ -412,8 +412,9 @@ def test_main_check_run31_ab_configs_are_suite_shapes(tmp_path):
 
 def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
     """Run 32's planned device steps: the stages and dx-stages steps' configs and workloads name known shapes
-    (profile_fast.py and energy_probe.py stop at an unknown one), with no settings of their own, and the da-v2 step pairs mid-64e with itself, the second forcing only
-    the fused d_a kind (MOK_FAST_GEMM_VARIANT's seventh entry) to variant 2."""
+    (profile_fast.py and energy_probe.py stop at an unknown one), with no settings of their own, and the da-v2 step
+    pairs mid-64e with itself, the second forcing only the fused d_a kind (MOK_FAST_GEMM_VARIANT's seventh entry) to
+    variant 2."""
     parse, configs = _energy_probe()
 
     def step(name):
