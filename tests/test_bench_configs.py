@@ -450,3 +450,19 @@ def test_main_check_run33_gate_up_tiles_pair_each_shape_with_only_the_fused_gate
     for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
         assert c0 == c1 and c0["I"] >= 4096 and env0 == {}, (c0, c1, env0)
         assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["0", ""], env1
+
+
+def test_main_check_run34_workloads_force_only_the_kind_they_compare(tmp_path):
+    """Run 34's steps: `old-workloads`, two of issue 13's preset shapes under run 33's rule (only the fused gate/up +
+    SwiGLU kind, MOK_FAST_GEMM_VARIANT's eighth entry, forced to the ping-pong tile); `da-workloads`, each shape as
+    the rule runs it and then with only the d_a + SwiGLU-backward kind (the seventh entry) forced cooperative."""
+    parse, configs = _energy_probe()
+    old = [parse(s, configs) for s in _script_step("main_check_run34.sh", "old-workloads", tmp_path)]
+    assert [c["name"] for _, c, _ in old] == ["dsv3-ep8-slice", "mixtral-8x7b"], old
+    for kind, c, env in old:
+        assert kind == "mok" and env["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["3", ""], env
+    da = [parse(s, configs) for s in _script_step("main_check_run34.sh", "da-workloads", tmp_path)]
+    assert len(da) == 10 and all(kind == "mok" for kind, _, _ in da), da
+    for (_, c0, env0), (_, c1, env1) in zip(da[::2], da[1::2]):
+        assert c0 == c1 and env0 == {}, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["0", "", ""], env1

@@ -106,8 +106,10 @@ def test_bad_fuse_switch_raises_naming_the_variable(monkeypatch, text):
     (2048, 768, 0, _tiles.PINGPONG),        # Qwen3-30B-A3B: 768 = 8 x 96
     (4096, 1536, 1536, _tiles.PINGPONG),    # mid-64e with a shared expert: 1536 = 16 x 96
     (2048, 1024, 0, _tiles.PINGPONG),       # OLMoE: 96 does not split 1024 (the last tile 64 of 96 columns)
-    (7168, 2048, 2048, _tiles.PINGPONG),    # DeepSeek-V3 slice: nor 2048 (32 of 96)
-    (4096, 14336, 0, _tiles.PINGPONG),      # Mixtral-8x7B: nor 14336 (32 of 96)
+    (2048, 1544, 0, _tiles.PINGPONG),       # nor 1544 (8 of 96)
+    (7168, 2048, 2048, _tiles.COOPERATIVE), # DeepSeek-V3 slice: the cooperative tile (128 columns of gate, of up)
+    (4096, 14336, 0, _tiles.COOPERATIVE),   # Mixtral-8x7B likewise
+    (4096, 1544, 8, _tiles.COOPERATIVE),    # 128 does not split 1544 (the last tile 8 of 128 columns)
     (512, 136, 72, _tiles.PINGPONG),        # I and S multiples of 8 are enough
     (512, 132, 0, None),                    # 8 does not split I: whole 8-column blocks only
     (2048, 768, 4, None),                   # nor the shared expert's S
@@ -119,6 +121,30 @@ def test_fused_gate_up_variant_needs_8_to_split_i_and_s(monkeypatch, H, I, S, wa
     assert _tiles.fused_gate_up_fits(I, S) == (want is not None)
     monkeypatch.setenv(_tiles.FUSE_FWD_ENV, "1")  # the same with the switch on
     assert _tiles.fused_gate_up_variant(H, I, S) == want
+
+
+@pytest.mark.parametrize("H, I, want", [
+    (2048, 768, _tiles.PINGPONG),        # Qwen3-30B-A3B: cooperative 1.6-3.2% slower steps (run 34, H100)
+    (4096, 1536, _tiles.PINGPONG),       # mid-64e: I = PINGPONG_MAX_I, a tie (run 34)
+    (4096, 1408, _tiles.PINGPONG),       # GLM-4.5-Air: I below it
+    (2880, 2880, _tiles.PINGPONG),       # gpt-oss-20b / -120b: H below FUSED_GATE_UP_COOP_MIN_H, a tie (run 34)
+    (4088, 14336, _tiles.PINGPONG),      # just below it
+    (4096, 1544, _tiles.COOPERATIVE),    # I just past PINGPONG_MAX_I, H at the minimum
+    (7168, 2048, _tiles.COOPERATIVE),    # DeepSeek-V3 slice: cooperative 1.9-6.0% faster burst steps (run 34)
+    (4096, 14336, _tiles.COOPERATIVE),   # Mixtral-8x7B: 1.4-3.1% (run 34)
+    (6144, 10752, _tiles.COOPERATIVE),   # DBRX: 7.9% (run 33's gu-tiles step, run 34)
+    (5120, 8192, _tiles.COOPERATIVE),    # Llama-4-Scout: 2.8%
+    (4096, 6400, _tiles.COOPERATIVE),    # Phi-3.5-MoE: 5.4%
+])
+def test_fused_gate_up_runs_cooperative_for_long_reductions_of_large_experts(monkeypatch, H, I, want):
+    """GEMM_TN_SWIGLU_FWD (reduction K = H) takes the cooperative 128x256 tile where I > PINGPONG_MAX_I and
+    H >= FUSED_GATE_UP_COOP_MIN_H, the ping-pong 128x192 one elsewhere; a forced variant still wins."""
+    monkeypatch.delenv(_tiles.ENV, raising=False)
+    monkeypatch.delenv(_tiles.FUSE_FWD_ENV, raising=False)
+    assert _tiles.fused_gate_up_variant(H, I, 0) == want
+    other = _tiles.PINGPONG if want == _tiles.COOPERATIVE else _tiles.COOPERATIVE
+    monkeypatch.setenv(_tiles.ENV, ",,,,,,," + str(other) + ",")
+    assert _tiles.fused_gate_up_variant(H, I, 0) == other
 
 
 @pytest.mark.parametrize("H, I, want", [

@@ -39,7 +39,11 @@ an H100: 10.60 against 10.57 and 31.25 against 31.20 ms steady), so the rule kee
 The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
 up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
 gate and up weights are the halves of one tensor or two tensors it can read (`_checks.gate_up_halves`; since run 31)
-and 8 splits I and S, always in the ping-pong 128x192 tile (that kind runs without clusters). The tile's halves (96
+and 8 splits I and S (that kind runs without clusters): since run 34 in the cooperative 128x256 tile where
+I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H, elsewhere in the ping-pong 128x192 tile. Whole steps on an H100,
+interleaved (`python benchmarks/energy_probe.py`, benchmarks/RESULTS.md run 34), cooperative against ping-pong: 1.3-7.9%
+faster on DBRX, Llama-4-Scout, Phi-3.5-MoE, Mixtral-8x7B and the DeepSeek-V3 slice (H >= 4096, I >= 2048), a tie on
+mid-64e (I = 1536) and gpt-oss (H = 2880), 1.6-3.2% slower on Qwen3-30B-A3B. The tile's halves (96 or 128
 columns) need not split I: in the last tile they run past it and the epilogue stores nothing there. Until run 18
 the halves had to split I and S, so the DeepSeek-V3 slice (I = 2048), Mixtral-8x7B (14336) and OLMoE-1B-7B (1024)
 ran the cooperative 128x256 tile, whose epilogue (fp32 [g | u] and bf16 a stored from registers) does not overlap
@@ -75,6 +79,9 @@ HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPON
 # group scheduler rounds each group's tiles up to whole clusters): 128x192 tiles in 2x1 clusters, 192x128 in 1x2.
 WGRAD_CLUSTER_MN = {PINGPONG_2X1: (256, 192), PINGPONG_TALL_1X2: (192, 256)}
 PINGPONG_MAX_I = 1536  # at or below: the row-tiled GEMMs' reductions (K = I or 2I) are short, ping-pong pays
+# The fused gate/up + SwiGLU GEMM (reduction K = H) runs the cooperative tile where I > PINGPONG_MAX_I and H is at
+# least this (benchmarks/RESULTS.md run 34)
+FUSED_GATE_UP_COOP_MIN_H = 4096
 
 
 def _override(kind: int) -> int | None:
@@ -129,13 +136,16 @@ def fused_gate_up_fits(I: int, S: int) -> bool:
 def fused_gate_up_variant(H: int, I: int, S: int) -> int | None:
     """The tile variant of the fused gate/up + SwiGLU GEMM (GEMM_TN_SWIGLU_FWD) of a layer with hidden size H,
     routed intermediate size I and shared intermediate size S (0: none), or None when the layer runs the gate/up
-    GEMM and the swiglu_fwd kernel apart: the ping-pong tile wherever the kind fits (`fused_gate_up_fits`), None
-    elsewhere and always when MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces the kind's
+    GEMM and the swiglu_fwd kernel apart: wherever the kind fits (`fused_gate_up_fits`) the cooperative 128x256 tile
+    when I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H (long reductions, large experts), else the ping-pong
+    128x192 one; None elsewhere and always when MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces the kind's
     variant, is taken instead. ValueError naming the variable for a switch value other than 0 or 1."""
     if _switch(FUSE_FWD_ENV, True) is False or not fused_gate_up_fits(I, S):
         return None
     forced = _override(_lib.GEMM_TN_SWIGLU_FWD)
-    return PINGPONG if forced is None else forced
+    if forced is not None:
+        return forced
+    return COOPERATIVE if I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H else PINGPONG
 
 
 def variant(kind: int, H: int, I: int) -> int:
