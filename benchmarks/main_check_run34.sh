@@ -38,7 +38,8 @@ for step in "$@"; do
     da-coop) echo "== da-coop ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
              timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py $DA_WORKLOADS --rounds 2 --seconds 3 \
                --cool 1.5 2>&1 | grep -v -i warn | tee "$OUT/energy_da_coop.log" | tail -13;;
-    tests) timeout $(( $(left) - 5 )) python -m pytest tests/gpu/test_fast_tiles.py tests/gpu/test_fast_determinism.py tests/gpu/test_fast_fused_fwd.py \
+    tests) timeout $(( $(left) - 5 )) python -m pytest tests/gpu/test_fast_tiles.py tests/gpu/test_fast_determinism.py \
+             tests/gpu/test_fast_fused_fwd.py \
              -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_tiles.log" | tail -3;;
     *) echo "unknown step $step"; exit 2;;
   esac

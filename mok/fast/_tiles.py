@@ -138,8 +138,8 @@ def fused_gate_up_variant(H: int, I: int, S: int) -> int | None:
     routed intermediate size I and shared intermediate size S (0: none), or None when the layer runs the gate/up
     GEMM and the swiglu_fwd kernel apart: wherever the kind fits (`fused_gate_up_fits`) the cooperative 128x256 tile
     when I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H (long reductions, large experts), else the ping-pong
-    128x192 one; None elsewhere and always when MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces the kind's
-    variant, is taken instead. ValueError naming the variable for a switch value other than 0 or 1."""
+    128x192 one; None elsewhere and always when MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces
+    the kind's variant, is taken instead. ValueError naming the variable for a switch value other than 0 or 1."""
     if _switch(FUSE_FWD_ENV, True) is False or not fused_gate_up_fits(I, S):
         return None
     forced = _override(_lib.GEMM_TN_SWIGLU_FWD)
