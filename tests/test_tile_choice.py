@@ -142,6 +142,7 @@ def test_fused_gate_up_runs_cooperative_for_long_reductions_of_large_experts(mon
     monkeypatch.delenv(_tiles.ENV, raising=False)
     monkeypatch.delenv(_tiles.FUSE_FWD_ENV, raising=False)
     assert _tiles.fused_gate_up_variant(H, I, 0) == want
+    assert _tiles.variant(_lib.GEMM_TN_SWIGLU_FWD, H, I) == want  # what bench_fused.py forces as the rule
     other = _tiles.PINGPONG if want == _tiles.COOPERATIVE else _tiles.COOPERATIVE
     monkeypatch.setenv(_tiles.ENV, ",,,,,,," + str(other) + ",")
     assert _tiles.fused_gate_up_variant(H, I, 0) == other

@@ -136,16 +136,13 @@ def fused_gate_up_fits(I: int, S: int) -> bool:
 def fused_gate_up_variant(H: int, I: int, S: int) -> int | None:
     """The tile variant of the fused gate/up + SwiGLU GEMM (GEMM_TN_SWIGLU_FWD) of a layer with hidden size H,
     routed intermediate size I and shared intermediate size S (0: none), or None when the layer runs the gate/up
-    GEMM and the swiglu_fwd kernel apart: wherever the kind fits (`fused_gate_up_fits`) the cooperative 128x256 tile
-    when I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H (long reductions, large experts), else the ping-pong
-    128x192 one; None elsewhere and always when MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces
+    GEMM and the swiglu_fwd kernel apart: wherever the kind fits (`fused_gate_up_fits`) `variant`'s choice for it
+    (the cooperative 128x256 tile when I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H: long reductions, large
+    experts; else the ping-pong 128x192 one); None elsewhere and always when MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces
     the kind's variant, is taken instead. ValueError naming the variable for a switch value other than 0 or 1."""
     if _switch(FUSE_FWD_ENV, True) is False or not fused_gate_up_fits(I, S):
         return None
-    forced = _override(_lib.GEMM_TN_SWIGLU_FWD)
-    if forced is not None:
-        return forced
-    return COOPERATIVE if I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H else PINGPONG
+    return variant(_lib.GEMM_TN_SWIGLU_FWD, H, I)
 
 
 def variant(kind: int, H: int, I: int) -> int:
@@ -160,6 +157,8 @@ def variant(kind: int, H: int, I: int) -> int:
         return COOPERATIVE
     if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the ping-pong epilogue overlaps the other warpgroup's mainloop
         return PINGPONG
+    if kind == _lib.GEMM_TN_SWIGLU_FWD:  # reduction K = H: cooperative where it is long and the experts large
+        return COOPERATIVE if I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H else PINGPONG
     return PINGPONG if I <= PINGPONG_MAX_I else COOPERATIVE
 
 
