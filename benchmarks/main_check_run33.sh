@@ -4,7 +4,9 @@
 #             (variant 0) against the rule's ping-pong 128x192 (variant 3): whole steps, interleaved in one process
 #             (energy_probe.py GU_WORKLOADS, two rounds, the second in reverse order). Run 31 timed Llama-4-Scout's
 #             fused forward alone at 7.11 ms in the cooperative tile against 7.99 (an H100). GU_SECONDS (3) and GU_COOL
-#             (1.5) set energy_probe.py's --seconds and --cool.
+#             (1.5) set energy_probe.py's --seconds and --cool. Since run 34 the rule itself runs these shapes'
+#             fused launch cooperative, so both workloads of a pair are the same: main_check_run34.sh preset-ab
+#             compares with the old rule.
 #   gather-mma  benchmarks/gather_producer_probe.cu with its wgmma consumer (the ping-pong tile's mainloop, no
 #             epilogue): A by one TMA, or gathered by 1, 2 or 4 producer warps' cp.async (and 4 warps contiguous),
 #             B by TMA, on Qwen3-30B-A3B's and mid-64e's gate/up shapes; then the spin consumer's 4-warp gather for
