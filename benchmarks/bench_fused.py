@@ -51,7 +51,8 @@ def main() -> None:
         c = configs[name]
         meth = Method("mok_gu", make_bench_inputs(c, "random"), torch.bfloat16)
         os.environ.pop(_tiles.ENV, None)  # the rule itself, not the last choice of the previous config
-        rule = {k: _tiles.variant(k, c["H"], c["I"]) for k in sorted(_lib.GEMM_KINDS.values())}
+        dev = torch.device("cuda")
+        rule = {k: _tiles.variant(k, c["H"], c["I"], dev) for k in sorted(_lib.GEMM_KINDS.values())}
 
         def use(choice):
             if choice == "unfused":
@@ -101,7 +102,7 @@ def forward_main(a) -> None:
             os.environ[_tiles.ENV] = ",".join(str(a.fused_variant if k == _lib.GEMM_TN_SWIGLU_FWD else
                                                   _tiles.variant(k, c["H"], c["I"])) for k in kinds)
         os.environ[_tiles.FUSE_FWD_ENV] = "1"  # wherever 8 splits I and S, large experts too
-        v = _tiles.fused_gate_up_variant(c["H"], c["I"], c["S"])
+        v = _tiles.fused_gate_up_variant(c["H"], c["I"], c["S"], torch.device("cuda"))
         if v is None:
             print(f"| {name} | none (runs apart) | | | | | |", flush=True)
             continue

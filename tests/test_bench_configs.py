@@ -466,3 +466,38 @@ def test_main_check_run34_workloads_force_only_the_kind_they_compare(tmp_path):
     for (_, c0, env0), (_, c1, env1) in zip(da[::2], da[1::2]):
         assert c0 == c1 and env0 == {}, (c0, c1, env0)
         assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["0", "", ""], env1
+
+
+def test_main_check_run35_quad_workloads_force_only_the_d_a_kind_to_variant_4(tmp_path):
+    """Run 35's quad step: each shape as the rule runs it and then with only the d_a + SwiGLU-backward kind
+    (MOK_FAST_GEMM_VARIANT's seventh entry) forced to variant 4, its 16-byte [dg | du] stores; the small-expert
+    shapes whose d_a launch is the slowest come first."""
+    parse, configs = _energy_probe()
+    parsed = [parse(s, configs) for s in _script_step("main_check_run35.sh", "quad-workloads", tmp_path)]
+    assert len(parsed) == 10 and all(kind == "mok" for kind, _, _ in parsed), parsed
+    assert [c["name"] for _, c, _ in parsed[:4:2]] == ["qwen3-30b-a3b", "olmoe-1b-7b"], parsed
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and env0 == {}, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["4", "", ""], env1
+
+
+def test_main_check_run35_gu_workloads_pair_large_expert_shapes_with_the_gate_up_kind_cooperative(tmp_path):
+    """Run 35's gu-h200 step: each large-expert suite shape (I > 1536, H >= 4096: cooperative on an H100) as the rule
+    runs it and then with only the fused gate/up + SwiGLU kind (the eighth entry) forced cooperative, variant 0."""
+    parse, configs = _energy_probe()
+    parsed = [parse(s, configs) for s in _script_step("main_check_run35.sh", "gu-workloads", tmp_path)]
+    assert len(parsed) == 8 and all(kind == "mok" for kind, _, _ in parsed), parsed
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and env0 == {} and c0["I"] > 1536 and c0["H"] >= 4096, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["0", ""], env1
+
+
+def test_main_check_run35_da_v2_workloads_pair_small_expert_shapes_with_the_d_a_kind_in_clusters(tmp_path):
+    """Run 35's da-v2 step: many-small-expert shapes (I <= 1536) as the rule runs them and then with only the d_a +
+    SwiGLU-backward kind (the seventh entry) forced to the 2x1-cluster ping-pong tile, variant 2."""
+    parse, configs = _energy_probe()
+    parsed = [parse(s, configs) for s in _script_step("main_check_run35.sh", "da-v2-workloads", tmp_path)]
+    assert len(parsed) == 10 and all(kind == "mok" for kind, _, _ in parsed), parsed
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and env0 == {} and c0["I"] <= 1536, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1

@@ -4,6 +4,7 @@ the same bits is checked on the GPU (tests/gpu/test_fast_tiles.py)."""
 import inspect
 
 import pytest
+import torch
 
 from mok.fast import _lib, _tiles
 
@@ -42,7 +43,9 @@ def test_bad_override_raises_naming_the_variable(monkeypatch, text):
 
 def test_choice_takes_no_token_count_and_is_a_valid_variant(monkeypatch):
     monkeypatch.delenv(_tiles.ENV, raising=False)
-    assert list(inspect.signature(_tiles.variant).parameters) == ["kind", "H", "I"]
+    # model constants and the card, never the token count
+    assert list(inspect.signature(_tiles.variant).parameters) == ["kind", "H", "I", "device"]
+    assert list(inspect.signature(_tiles.fused_gate_up_variant).parameters) == ["H", "I", "S", "device"]
     for kind in KINDS:
         for H, I in ((2048, 768), (4096, 1536), (7168, 2048), (4096, 14336), (6144, 16384), (8, 8)):
             assert 0 <= _tiles.variant(kind, H, I) < _lib.NUM_GEMM_VARIANTS
@@ -136,16 +139,58 @@ def test_fused_gate_up_variant_needs_8_to_split_i_and_s(monkeypatch, H, I, S, wa
     (5120, 8192, _tiles.COOPERATIVE),    # Llama-4-Scout: 2.8%
     (4096, 6400, _tiles.COOPERATIVE),    # Phi-3.5-MoE: 5.4%
 ])
-def test_fused_gate_up_runs_cooperative_for_long_reductions_of_large_experts(monkeypatch, H, I, want):
+@pytest.mark.parametrize("card", [
+    None,                     # no device named: the rule measured on an H100
+    "NVIDIA H100 80GB HBM3",  # the H100 of runs 33 and 34
+])
+def test_fused_gate_up_runs_cooperative_for_long_reductions_of_large_experts(monkeypatch, H, I, want, card):
     """GEMM_TN_SWIGLU_FWD (reduction K = H) takes the cooperative 128x256 tile where I > PINGPONG_MAX_I and
     H >= FUSED_GATE_UP_COOP_MIN_H, the ping-pong 128x192 one elsewhere; a forced variant still wins."""
     monkeypatch.delenv(_tiles.ENV, raising=False)
     monkeypatch.delenv(_tiles.FUSE_FWD_ENV, raising=False)
-    assert _tiles.fused_gate_up_variant(H, I, 0) == want
-    assert _tiles.variant(_lib.GEMM_TN_SWIGLU_FWD, H, I) == want  # what bench_fused.py forces as the rule
+    monkeypatch.setattr(_tiles, "_card_name", lambda index: card)
+    device = None if card is None else torch.device("cuda", 0)
+    assert _tiles.fused_gate_up_variant(H, I, 0, device) == want
+    assert _tiles.variant(_lib.GEMM_TN_SWIGLU_FWD, H, I, device) == want  # what bench_fused.py forces as the rule
     other = _tiles.PINGPONG if want == _tiles.COOPERATIVE else _tiles.COOPERATIVE
     monkeypatch.setenv(_tiles.ENV, ",,,,,,," + str(other) + ",")
-    assert _tiles.fused_gate_up_variant(H, I, 0) == other
+    assert _tiles.fused_gate_up_variant(H, I, 0, device) == other
+
+
+@pytest.mark.parametrize("H, I", [
+    (4096, 14336),  # Mixtral-8x7B: ping-pong 1.7% (burst) and 1.9% (steady) faster on an H200 (run 35)
+    (7168, 2048),   # DeepSeek-V3 slice: a tie there (run 35)
+    (6144, 10752),  # DBRX: ran ping-pong on the H200 from run 18 to run 33, as every layer did
+    (2048, 768),    # Qwen3-30B-A3B: ping-pong on every card
+])
+@pytest.mark.parametrize("card", [
+    "NVIDIA H200",         # the H200 of issue 13's runs
+    "NVIDIA GH200 480GB",  # its name contains H200 too
+])
+def test_fused_gate_up_keeps_ping_pong_on_the_h200(monkeypatch, H, I, card):
+    """On a card named in FUSED_GATE_UP_PINGPONG_CARDS the fused gate/up kind runs the ping-pong tile for every layer;
+    a forced variant still wins, and the other kinds' choices do not depend on the card."""
+    monkeypatch.delenv(_tiles.ENV, raising=False)
+    monkeypatch.delenv(_tiles.FUSE_FWD_ENV, raising=False)
+    monkeypatch.setattr(_tiles, "_card_name", lambda index: card)
+    device = torch.device("cuda", 0)
+    assert _tiles.gate_up_pingpong_card(device)
+    assert _tiles.fused_gate_up_variant(H, I, 0, device) == _tiles.PINGPONG
+    for kind in KINDS:
+        if kind != _lib.GEMM_TN_SWIGLU_FWD:
+            assert _tiles.variant(kind, H, I, device) == _tiles.variant(kind, H, I), kind
+    monkeypatch.setenv(_tiles.ENV, ",,,,,,,0,")
+    assert _tiles.fused_gate_up_variant(H, I, 0, device) == _tiles.COOPERATIVE
+
+
+def test_only_cuda_devices_have_a_card(monkeypatch):
+    """A CPU device or none names no card (the H100 rule); a CUDA device without an index asks for the current
+    device's name."""
+    monkeypatch.setattr(_tiles, "_card_name", lambda index: "NVIDIA H200")
+    assert not _tiles.gate_up_pingpong_card(None)
+    assert not _tiles.gate_up_pingpong_card(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert _tiles.gate_up_pingpong_card(torch.device("cuda"))
 
 
 @pytest.mark.parametrize("H, I, want", [

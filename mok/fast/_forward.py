@@ -113,7 +113,7 @@ def fused_gate_up(d: Dims, routed_gate, routed_up, shared_gate, shared_up):
     halves_s = gate_up_halves(shared_gate, shared_up) if d.S else None
     if halves is None or (d.S and halves_s is None):
         return None
-    v = _tiles.fused_gate_up_variant(d.H, d.I, d.S)
+    v = _tiles.fused_gate_up_variant(d.H, d.I, d.S, routed_gate.device)
     return None if v is None else (v, halves, halves_s)
 
 

@@ -1,8 +1,8 @@
 """Which tile variant (csrc/grouped_gemm.cuh, MOK_GEMM_NUM_VARIANTS) each grouped GEMM of a layer runs, and
 whether the gate/up and d_a GEMMs take the SwiGLU forward and backward into their epilogues.
 
-Chosen from the GEMM's kind and the layer's model constants only (H, I: never the token count), so a
-layer runs the same kernels whatever its batch; every variant walks K in the same order with one CTA per
+Chosen from the GEMM's kind and the layer's model constants only (H, I: never the token count; the fused gate/up
+kind also from the card's name), so a layer runs the same kernels whatever its batch; every variant walks K in the same order with one CTA per
 output tile, so all give the same bits anyway (tests/gpu/test_fast_tiles.py checks it).
 
 The rule, from one profile of every GEMM under each variant (benchmarks/RESULTS.md, run 6; `python
@@ -40,7 +40,9 @@ The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FW
 up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
 gate and up weights are the halves of one tensor or two tensors it can read (`_checks.gate_up_halves`; since run 31)
 and 8 splits I and S (that kind runs without clusters): since run 34 in the cooperative 128x256 tile where
-I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H, elsewhere in the ping-pong 128x192 tile. Whole steps on an H100,
+I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H, elsewhere in the ping-pong 128x192 tile; since run 35 in the
+ping-pong tile for every layer on a card named in FUSED_GATE_UP_PINGPONG_CARDS (an H200: Mixtral-8x7B 1.7-1.9% faster
+steps there in ping-pong, the DeepSeek-V3 slice a tie; benchmarks/RESULTS.md run 35). Whole steps on an H100,
 interleaved (`python benchmarks/energy_probe.py`, benchmarks/RESULTS.md run 34), cooperative against ping-pong: 1.3-7.9%
 faster on DBRX, Llama-4-Scout, Phi-3.5-MoE, Mixtral-8x7B and the DeepSeek-V3 slice (H >= 4096, I >= 2048), a tie on
 mid-64e (I = 1536) and gpt-oss (H = 2880), 1.6-3.2% slower on Qwen3-30B-A3B. The tile's halves (96 or 128
@@ -80,8 +82,12 @@ HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPON
 WGRAD_CLUSTER_MN = {PINGPONG_2X1: (256, 192), PINGPONG_TALL_1X2: (192, 256)}
 PINGPONG_MAX_I = 1536  # at or below: the row-tiled GEMMs' reductions (K = I or 2I) are short, ping-pong pays
 # The fused gate/up + SwiGLU GEMM (reduction K = H) runs the cooperative tile where I > PINGPONG_MAX_I and H is at
-# least this (benchmarks/RESULTS.md run 34)
+# least this (benchmarks/RESULTS.md run 34), except on the cards below
 FUSED_GATE_UP_COOP_MIN_H = 4096
+# Cards (a substring of the CUDA device's name) on which that kind keeps the ping-pong tile for every layer: on an
+# H200 (4.8 TB/s of HBM3e) it stayed faster for Mixtral-8x7B and tied on the DeepSeek-V3 slice (benchmarks/RESULTS.md
+# runs 18 and 35), where on an H100 (3.35 TB/s of HBM3) the cooperative tile is 1.3-7.9% faster (run 34)
+FUSED_GATE_UP_PINGPONG_CARDS = ("H200",)
 
 
 def _override(kind: int) -> int | None:
@@ -133,21 +139,43 @@ def fused_gate_up_fits(I: int, S: int) -> bool:
     return I > 0 and I % 8 == 0 and S % 8 == 0
 
 
-def fused_gate_up_variant(H: int, I: int, S: int) -> int | None:
+def fused_gate_up_variant(H: int, I: int, S: int, device=None) -> int | None:
     """The tile variant of the fused gate/up + SwiGLU GEMM (GEMM_TN_SWIGLU_FWD) of a layer with hidden size H,
-    routed intermediate size I and shared intermediate size S (0: none), or None when the layer runs the gate/up
-    GEMM and the swiglu_fwd kernel apart: wherever the kind fits (`fused_gate_up_fits`) `variant`'s choice for it
-    (the cooperative 128x256 tile when I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H: long reductions, large
-    experts; else the ping-pong 128x192 one); None elsewhere and always when MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces
-    the kind's variant, is taken instead. ValueError naming the variable for a switch value other than 0 or 1."""
+    routed intermediate size I and shared intermediate size S (0: none) on `device` (a torch.device; None: no card
+    named), or None when the layer runs the gate/up GEMM and the swiglu_fwd kernel apart: wherever the kind fits
+    (`fused_gate_up_fits`) `variant`'s choice for it (the cooperative 128x256 tile when I > PINGPONG_MAX_I and
+    H >= FUSED_GATE_UP_COOP_MIN_H, long reductions and large experts, unless the card is one of
+    FUSED_GATE_UP_PINGPONG_CARDS; else the ping-pong 128x192 one); None elsewhere and always when
+    MOK_FAST_FUSE_SWIGLU_FWD is 0. MOK_FAST_GEMM_VARIANT, when it forces the kind's variant, is taken instead.
+    ValueError naming the variable for a switch value other than 0 or 1."""
     if _switch(FUSE_FWD_ENV, True) is False or not fused_gate_up_fits(I, S):
         return None
-    return variant(_lib.GEMM_TN_SWIGLU_FWD, H, I)
+    return variant(_lib.GEMM_TN_SWIGLU_FWD, H, I, device)
 
 
-def variant(kind: int, H: int, I: int) -> int:
+@functools.lru_cache(maxsize=None)
+def _card_name(index: int) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(index)
+
+
+def gate_up_pingpong_card(device) -> bool:
+    """Whether `device` (a torch.device, or None) is a CUDA device whose name contains one of
+    FUSED_GATE_UP_PINGPONG_CARDS: the fused gate/up kind runs the ping-pong tile there for every layer. False for
+    None and for other devices (the rule measured on an H100)."""
+    if device is None or getattr(device, "type", None) != "cuda":
+        return False
+    import torch
+
+    name = _card_name(device.index if device.index is not None else torch.cuda.current_device())
+    return any(card in name for card in FUSED_GATE_UP_PINGPONG_CARDS)
+
+
+def variant(kind: int, H: int, I: int, device=None) -> int:
     """The tile variant of a `kind` GEMM (mok.fast._lib.GEMM_*) of a layer with hidden size H and routed
-    intermediate size I."""
+    intermediate size I, on `device` (a torch.device; None: no card named; only the fused gate/up kind's choice
+    depends on the card, `gate_up_pingpong_card`)."""
     forced = _override(kind)
     if forced is not None:
         return forced
@@ -158,7 +186,8 @@ def variant(kind: int, H: int, I: int) -> int:
     if kind == _lib.GEMM_NN_SWIGLU_BWD:  # the ping-pong epilogue overlaps the other warpgroup's mainloop
         return PINGPONG
     if kind == _lib.GEMM_TN_SWIGLU_FWD:  # reduction K = H: cooperative where it is long and the experts large
-        return COOPERATIVE if I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H else PINGPONG
+        large = I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H
+        return COOPERATIVE if large and not gate_up_pingpong_card(device) else PINGPONG
     return PINGPONG if I <= PINGPONG_MAX_I else COOPERATIVE
 
 
@@ -185,5 +214,5 @@ def grouped_gemm(kind: int, segments: list, device, H: int, I: int) -> None:
     if kind in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16):
         v = wgrad_variant(kind, [(s.m, s.n, s.num_groups) for s in segments])
     else:
-        v = variant(kind, H, I)
+        v = variant(kind, H, I, device)
     _lib.grouped_gemm(kind, segments, device, v)
