@@ -2,8 +2,8 @@
 whether the gate/up and d_a GEMMs take the SwiGLU forward and backward into their epilogues.
 
 Chosen from the GEMM's kind and the layer's model constants only (H, I: never the token count; the fused gate/up
-kind also from the card's name), so a layer runs the same kernels whatever its batch; every variant walks K in the same order with one CTA per
-output tile, so all give the same bits anyway (tests/gpu/test_fast_tiles.py checks it).
+kind also from the card's name), so a layer runs the same kernels whatever its batch; every variant walks K in the
+same order with one CTA per output tile, so all give the same bits anyway (tests/gpu/test_fast_tiles.py checks it).
 
 The rule, from one profile of every GEMM under each variant (benchmarks/RESULTS.md, run 6; `python
 benchmarks/profile_fast.py` with MOK_FAST_GEMM_VARIANT set): the weight-gradient GEMMs run ping-pong
