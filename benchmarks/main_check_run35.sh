@@ -2,8 +2,9 @@
 # Run 35's device calls. First a trial: the d_a + SwiGLU-backward launch (GEMM_NN_SWIGLU_BWD, the seventh entry of
 # MOK_FAST_GEMM_VARIANT) with 16-byte [dg | du] stores (tile variant 4: the lanes of a quad swap their products first)
 # against the rule's variant 3 (4-byte stores); same tile, same bits. That trial needs a library built from this tree
-# with benchmarks/quad_stores_run35.diff applied (`git apply`; it was not kept: no faster). Then the fused gate/up
-# kind's tile on an H200 (mok/fast/_tiles.py, FUSED_GATE_UP_PINGPONG_CARDS: ping-pong there for every layer).
+# with benchmarks/quad_stores_run35.diff applied (`git apply`, on the csrc of 7509c90; not kept: no faster). Then
+# the fused gate/up kind's tile on an H200 (mok/fast/_tiles.py, FUSED_GATE_UP_PINGPONG_CARDS: ping-pong there for
+# every layer).
 # Steps, each logged under $OUT, each given what is left of BUDGET_S (seconds, default 560):
 #   tests    the GPU tests of tile variants, the fused d_a launch and the fused forward (tests/gpu/test_fast_tiles.py,
 #            test_fast_fused.py, test_fast_fused_fwd.py: every variant against variant 0, bit for bit);
