@@ -68,6 +68,8 @@ from __future__ import annotations
 import functools
 import os
 
+import torch
+
 from . import _lib
 
 COOPERATIVE, COOPERATIVE_2X1, PINGPONG_2X1, PINGPONG, PINGPONG_TALL_1X2 = range(_lib.NUM_GEMM_VARIANTS)
@@ -155,8 +157,6 @@ def fused_gate_up_variant(H: int, I: int, S: int, device=None) -> int | None:
 
 @functools.lru_cache(maxsize=None)
 def _card_name(index: int) -> str:
-    import torch
-
     return torch.cuda.get_device_name(index)
 
 
@@ -164,10 +164,8 @@ def gate_up_pingpong_card(device) -> bool:
     """Whether `device` (a torch.device, or None) is a CUDA device whose name contains one of
     FUSED_GATE_UP_PINGPONG_CARDS: the fused gate/up kind runs the ping-pong tile there for every layer. False for
     None and for other devices (the rule measured on an H100)."""
-    if device is None or getattr(device, "type", None) != "cuda":
+    if device is None or device.type != "cuda":
         return False
-    import torch
-
     name = _card_name(device.index if device.index is not None else torch.cuda.current_device())
     return any(card in name for card in FUSED_GATE_UP_PINGPONG_CARDS)
 
