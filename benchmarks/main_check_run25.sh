@@ -15,7 +15,7 @@ NEW="llama-4-scout,dbrx,gpt-oss-20b,gpt-oss-120b,qwen1.5-moe-a2.7b"
 W="matmul"
 for c in ${NEW//,/ }; do W="$W mok:$c grouped_mm:$c"; done
 case ${1:-all} in
-  workloads) echo $W; exit 0;;  # the energy step's list, for a CPU check that each parses (tests/test_bench_configs.py)
+  workloads) echo $W; exit 0;;  # the energy step's list, for a CPU check that each parses (tests/test_device_scripts.py)
   configs) echo $NEW; exit 0;;  # the suite step's --configs, for the same check
   all) ;;
   *) echo "unknown step $1"; exit 2;;

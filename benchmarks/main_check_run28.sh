@@ -17,7 +17,7 @@
 #            live to the end) against this tree's (it waits once the gate/up gradients are queued and drops them),
 #            alternating, two rounds: Qwen3-30B-A3B and Mixtral-8x7B. Needs bc7babc's tree at .dev/bc7_tree
 #            (`mkdir -p .dev/bc7_tree && git archive bc7babc mok benchmarks | tar -x -C .dev/bc7_tree`, carried).
-# Printing steps for the CPU check (tests/test_bench_configs.py): `workloads`, `configs`, `module-configs`, `peak-configs`.
+# Printing steps for the CPU check (tests/test_device_scripts.py): `workloads`, `configs`, `module-configs`, `peak-configs`.
 # Usage (repo root, a library built from this tree):
 #   MOK_FAST_LIB=$PWD/.build/cur/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run28.sh tests energy suite
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}

@@ -8,7 +8,7 @@
 #   tests     python -m pytest tests/gpu, the whole GPU suite on this session's code (at most TESTS_S s, default 300),
 #             then `mok verify --device cuda`;
 #   h200      on an H200 only (the card issue 13's table is measured on): `main_check_run28.sh profile preset`.
-# Printing step for the CPU check (tests/test_bench_configs.py): `workloads`.
+# Printing step for the CPU check (tests/test_device_scripts.py): `workloads`.
 # Usage (repo root, a library built from this tree):
 #   MOK_FAST_LIB=$PWD/.build/cur/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run29.sh ep-tests d-act h200
 #   MOK_FAST_LIB=$PWD/.build/cur/libmok_fast.so BUDGET_S=580 bash benchmarks/main_check_run29.sh h200 tests

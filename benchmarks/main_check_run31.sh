@@ -14,7 +14,7 @@
 #            apart, interleaved, one process) on FWD_CONFIGS, the rule's tile and the cooperative one (variant 0);
 #   h200     what run 31 could not measure on an H200 (refuses to run on another card): issue 13's preset
 #            (energy_preset.log), the suite with both layouts (suite.log), then fwd-ab.
-# Printing steps for the CPU check (tests/test_bench_configs.py): `ab-configs`, `fwd-configs`.
+# Printing steps for the CPU check (tests/test_device_scripts.py): `ab-configs`, `fwd-configs`.
 # Usage (repo root, a library built from this tree):
 #   MOK_FAST_LIB=$PWD/.build/b31/libmok_fast.so OLD_LIB=$PWD/.build/new/libmok_fast.so bash benchmarks/main_check_run31.sh tests ab
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}

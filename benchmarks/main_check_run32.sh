@@ -17,7 +17,7 @@
 #             -DMOK_PROBE_STAGES=N on one or two translation units); run `tests` under a candidate library first;
 #   da-v2     mid-64e's fused d_a launch in 2x1 clusters (tile variant 2; 3% faster alone in run 30) against the
 #             rule's variant 3, whole steps interleaved (energy_probe.py, DA_WORKLOADS).
-# Printing steps for the CPU check (tests/test_bench_configs.py): `stage-configs`, `stage-workloads`, `dx-workloads`,
+# Printing steps for the CPU check (tests/test_device_scripts.py): `stage-configs`, `stage-workloads`, `dx-workloads`,
 # `da-workloads`.
 # Usage (repo root, a library built from this tree and the probe built from it, both carried):
 #   MOK_FAST_LIB=$PWD/.build/b32/libmok_fast.so STAGES_LIB=$PWD/.build/stages/libmok_fast.so \

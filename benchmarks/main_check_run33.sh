@@ -12,7 +12,7 @@
 #             B by TMA, on Qwen3-30B-A3B's and mid-64e's gate/up shapes; then the spin consumer's 4-warp gather for
 #             comparison with run 14. $PROBE: the probe built on the CPU box (default .build/probe/gather_probe;
 #             the build line is in the probe's header), carried.
-# Printing step for the CPU check (tests/test_bench_configs.py): `gu-workloads`.
+# Printing step for the CPU check (tests/test_device_scripts.py): `gu-workloads`.
 # Issue 13's preset on an H200 is main_check_run31.sh's h200 step.
 # Usage (repo root, a library built from this tree, carried):
 #   MOK_FAST_LIB=$PWD/.build/b32/libmok_fast.so bash benchmarks/main_check_run33.sh gu-tiles

@@ -11,7 +11,7 @@
 #            rule changes (DA_WORKLOADS: each as the rule runs it, then with that kind forced to variant 0);
 #   tests    the GPU tests of tile choice, determinism and the fused forward (tests/gpu/test_fast_tiles.py,
 #            test_fast_determinism.py, test_fast_fused_fwd.py).
-# Printing steps for the CPU check (tests/test_bench_configs.py): `old-workloads`, `da-workloads`.
+# Printing steps for the CPU check (tests/test_device_scripts.py): `old-workloads`, `da-workloads`.
 # Usage (repo root, a library built from this tree, carried):
 #   MOK_FAST_LIB=$PWD/.build/b32/libmok_fast.so bash benchmarks/main_check_run34.sh h200
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}

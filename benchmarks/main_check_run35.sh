@@ -25,7 +25,7 @@
 #            (the fused gate/up kind ping-pong) and with that kind cooperative (the eighth entry forced to variant 0),
 #            energy_probe.py, two interleaved rounds;
 #   suite    bench_moe.py --suite, both gate/up layouts against the grouped_mm path, bf16 weight gradients.
-# Printing steps for the CPU check (tests/test_bench_configs.py): `quad-workloads`, `gu-workloads`, `da-v2-workloads`,
+# Printing steps for the CPU check (tests/test_device_scripts.py): `quad-workloads`, `gu-workloads`, `da-v2-workloads`,
 # `raster-workloads`.
 # Usage (repo root, a library built from this tree, carried):
 #   MOK_FAST_LIB=$PWD/.build/b35/libmok_fast.so bash benchmarks/main_check_run35.sh tests quad

@@ -23,7 +23,7 @@ W="$W mok:phi-3.5-moe$FUSE0 mok:granite-3.0-3b-a800m mok:granite-3.0-3b-a800m$LA
 N="matmul mok:mid-64e@S0 mok:mid-64e@S0$LARGE mok:glm-4.5-air mok:glm-4.5-air$LARGE mok:dsv3-ep8-slice@S0"
 N="$N mok:dsv3-ep8-slice@S0$SMALL"
 case ${1:-all} in
-  workloads) echo $W; exit 0;;  # the energy step's list, for a CPU check that each parses (tests/test_bench_configs.py)
+  workloads) echo $W; exit 0;;  # the energy step's list, for a CPU check that each parses (tests/test_device_scripts.py)
   next-workloads) echo $N; exit 0;;
   next) timeout 300 python benchmarks/energy_probe.py $N --rounds 3 --seconds 3 --cool 1.5 2>&1 \
           | tee "$OUT/energy_next.log" | tail -10

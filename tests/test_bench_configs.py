@@ -1,17 +1,18 @@
 """The benchmark shape files (benchmarks/configs.json, benchmarks/suite.json) describe layers the fast
-path accepts, so a device run never stops half-way on a bad row."""
+path accepts, so a device run never stops half-way on a bad row; the benchmark scripts' own helpers (workload specs,
+targets, routing, labels, memory charging) do what they say. The device-call scripts' steps: test_device_scripts.py."""
 import json
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from bench_scripts import BENCH, energy_probe
 
 
 @pytest.mark.parametrize("name", [
     "configs.json",  # the default benchmark shapes
     "suite.json",    # public model shapes for --suite, some T not multiples of 128
 ])
+
+
 def test_every_benchmark_shape_is_a_valid_fast_path_layer(name):
     configs = json.loads((BENCH / name).read_text())["configs"]
     names = [c["name"] for c in configs]
@@ -50,16 +51,6 @@ def test_bench_ep_traffic_counts_rows_routed_to_each_rank():
     assert r0["bytes"] == 4 * 8 * 2 and r0["remote_bytes"] == 2 * 8 * 2
 
 
-def _energy_probe():
-    """(energy_probe.parse_workload, {name: config} of configs.json and suite.json)."""
-    import sys
-    sys.path.insert(0, str(BENCH))
-    from bench_moe import CONFIGS, SUITE, load_configs
-    from energy_probe import parse_workload
-
-    return parse_workload, {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
-
-
 @pytest.mark.parametrize("spec, want", [
     ("matmul", ("matmul", None, {})),                                   # the peak's 8192^3 product
     ("mok:qwen3-30b-a3b", ("mok", {"S": 0, "I": 768}, {})),               # the default rule
@@ -71,8 +62,10 @@ def _energy_probe():
     ("mok:dsv3-ep8-slice@S0+MOK_FAST_GEMM_VARIANT=0,1,0,1,2,2,3,0,0+A=b=c",  # settings keep commas and later '='
      ("mok", {"S": 0, "H": 7168}, {"MOK_FAST_GEMM_VARIANT": "0,1,0,1,2,2,3,0,0", "A": "b=c"})),
 ])
+
+
 def test_energy_probe_reads_workload_specs(spec, want):
-    parse_workload, configs = _energy_probe()
+    parse_workload, configs = energy_probe()
     kind, c, env = parse_workload(spec, configs)
     assert (kind, env) == (want[0], want[2])
     if want[1] is None:
@@ -90,8 +83,10 @@ def test_energy_probe_reads_workload_specs(spec, want):
     "dense:mid-64e@balanced",     # nor a routing the dense floor would ignore
     "mok:qwen3-30b-a3b+NOEQUALS",  # a setting without '='
 ])
+
+
 def test_energy_probe_refuses_bad_specs_naming_them(spec):
-    parse_workload, configs = _energy_probe()
+    parse_workload, configs = energy_probe()
     with pytest.raises(ValueError, match="workload"):
         parse_workload(spec, configs)
 
@@ -119,7 +114,7 @@ def test_issue13_targets_reproduce_run_19s_table():
     from energy_probe import parse_workload
     from targets import PRESET, TARGETS, target_rows
 
-    _, configs = _energy_probe()
+    _, configs = energy_probe()
     flops = {"matmul": 2 * 8192**3}
     for spec in TARGETS:
         c = parse_workload(spec, configs)[1]
@@ -144,6 +139,8 @@ def test_issue13_targets_reproduce_run_19s_table():
     dict(T=3, H=16, I=8, K=2, S=0),    # routed experts only
     dict(T=5, H=8, I=16, K=3, S=24),   # with a shared expert
 ])
+
+
 def test_dense_floor_runs_the_steps_flops_as_six_products_per_expert(c):
     import sys
 
@@ -167,6 +164,8 @@ def test_dense_floor_runs_the_steps_flops_as_six_products_per_expert(c):
     (16, 8, 2),    # few large experts
     (24, 64, 8),   # many small ones: 3 rows each
 ])
+
+
 def test_balanced_bench_routing_gives_every_expert_the_same_rows(T, E, K):
     import sys
 
@@ -224,63 +223,6 @@ def test_profile_fast_labels_each_gemm_launch_in_order_with_its_tile():
     assert "combine" in lines[1] and "TFLOP/s" not in lines[1]  # not a GEMM: takes no GEMM's label
     assert "128x256  [down: 1000 TFLOP/s]" in lines[2]
     assert "64x256  [?: 0 TFLOP/s]" in lines[3]  # more GEMM launches than labels: named as unknown
-
-
-def _new_shapes_check_workloads(tmp_path, step: str):
-    """[(kind, config or None, env)] of the workloads `bash benchmarks/new_shapes_check.sh <step>` prints (a step
-    that runs nothing), each parsed by energy_probe, so a typo in the script cannot cost its device call."""
-    parse, configs = _energy_probe()
-    specs = _script_step("new_shapes_check.sh", step, tmp_path)
-    assert len(specs) == len(set(specs)), specs  # each workload once
-    return [parse(s, configs) for s in specs]
-
-
-def test_new_shapes_check_energy_workloads_all_parse(tmp_path):
-    """Run 22's energy step: the rule and its alternatives on the three shapes added to suite.json in run 21."""
-    parsed = _new_shapes_check_workloads(tmp_path, "workloads")
-    assert len(parsed) == 10
-    shapes = {cfg["name"] for _, cfg, _ in parsed if cfg is not None}
-    assert shapes == {"glm-4.5-air", "phi-3.5-moe", "granite-3.0-3b-a800m"}, shapes
-    assert {"MOK_FAST_FUSE_SWIGLU_BWD": "0"} in [env for _, _, env in parsed]
-
-
-def test_new_shapes_check_next_step_pairs_each_shape_with_the_other_tile(tmp_path):
-    """The `next` step (the follow-up device call) runs each shape by the rule and with the row-tiled GEMMs forced
-    to the other tile."""
-    parsed = _new_shapes_check_workloads(tmp_path, "next-workloads")
-    assert len(parsed) == 7
-    forced = {cfg["name"] for _, cfg, env in parsed if env.get("MOK_FAST_GEMM_VARIANT")}
-    plain = {cfg["name"] for _, cfg, env in parsed if cfg is not None and not env}
-    assert forced == plain == {"mid-64e", "glm-4.5-air", "dsv3-ep8-slice"}, (forced, plain)
-
-
-def _script_step(script: str, step: str, tmp_path) -> list[str]:
-    """The words `bash benchmarks/<script> <step>` prints (a step that runs nothing); it must exit 0."""
-    import os
-    import subprocess
-
-    r = subprocess.run(["bash", str(BENCH / script), step], capture_output=True, text=True, cwd=BENCH.parent,
-                       env={**os.environ, "OUT": str(tmp_path)})
-    assert r.returncode == 0, r.stderr
-    return r.stdout.split()
-
-
-def test_main_check_run25_workloads_and_configs_all_parse(tmp_path):
-    """Run 25's device call: the five new suite shapes by name (bench_moe --configs) and as energy_probe
-    workloads, mok and the grouped_mm path each."""
-    parse, configs = _energy_probe()
-    names = _script_step("main_check_run25.sh", "configs", tmp_path)[0].split(",")
-    assert len(names) == 5 and set(names) <= set(configs), names
-    parsed = [parse(s, configs) for s in _script_step("main_check_run25.sh", "workloads", tmp_path)]
-    assert [k for k, _, _ in parsed].count("grouped_mm") == 5
-    assert {cfg["name"] for _, cfg, _ in parsed if cfg is not None} == set(names)
-
-
-def test_main_check_run26_configs_are_suite_shapes(tmp_path):
-    """Run 26's device call: its --configs are all shapes of the suite (bench_moe --suite runs only those)."""
-    names = _script_step("main_check_run26.sh", "configs", tmp_path)[0].split(",")
-    suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
-    assert len(names) == 4 and set(names) <= suite, (names, sorted(suite))
 
 
 @pytest.mark.parametrize("S", [0, 8])  # without / with a shared expert (its gate and up stacked too for mok_gu)
@@ -355,35 +297,6 @@ def test_bench_moe_refuses_an_unknown_config_name_and_names_the_option():
     assert r.returncode == 2 and "--configs: no config 'nope-7b' in suite.json" in r.stderr, r.stderr
 
 
-def test_main_check_run28_workloads_parse_and_configs_cover_the_suite(tmp_path):
-    """Run 28's device calls: the energy step's extra workloads parse (the fused d_a kind forced to variant 2 only),
-    and the suite step names every suite shape once."""
-    parse, configs = _energy_probe()
-
-    def step(name):
-        return _script_step("main_check_run28.sh", name, tmp_path)
-
-    parsed = [parse(s, configs) for s in step("workloads")]
-    forced = [env["MOK_FAST_GEMM_VARIANT"] for _, _, env in parsed if env]
-    assert forced and all(v.split(",") == [""] * 6 + ["2", "", ""] for v in forced), forced
-    names = step("configs")[0].split(",")
-    suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
-    assert len(names) == len(set(names)) and set(names) == suite, sorted(suite ^ set(names))
-    module = step("module-configs")[0].split(",")
-    assert len(module) == 5 and set(module) <= suite, module
-    peak = step("peak-configs")[0].split(",")
-    assert len(peak) == len(set(peak)) == 8 and set(peak) <= suite, peak
-
-
-def test_main_check_run29_d_act_workloads_pair_each_shape_fused_and_apart(tmp_path):
-    """Run 29's d-act step: each shape once with the SwiGLU backward fused into the d_a GEMM and once apart."""
-    parse, configs = _energy_probe()
-    parsed = [parse(s, configs) for s in _script_step("main_check_run29.sh", "workloads", tmp_path)]
-    kinds = {(kind, cfg["name"]) for kind, cfg, _ in parsed}
-    assert len(kinds) == len(parsed) == 4, parsed
-    assert kinds == {(k, n) for k in ("fused", "unfused") for n in ("qwen3-30b-a3b", "olmoe-1b-7b")}, kinds
-
-
 def test_bench_moe_losses_name_only_peers_and_the_peak_memory():
     """bench_moe's closing lines compare each mok method with the peers only (mok_gu is the same layer, not a
     peer), on time forward and forward+backward, and on peak memory."""
@@ -399,105 +312,3 @@ def test_bench_moe_losses_name_only_peers_and_the_peak_memory():
     assert slower == "mok slower than a peer on: a random mok_gu vs grouped_mm (fwd+bwd)", slower
     assert bigger == "mok's peak memory above a peer's on: a random mok vs grouped_mm (2.00 against 1.50 GiB)", bigger
     assert losses(rows[3:]) == ["mok slower than a peer on: none", "mok's peak memory above a peer's on: none"]
-
-
-def test_main_check_run31_ab_configs_are_suite_shapes(tmp_path):
-    """Run 31's ab and fwd-ab steps name suite shapes only (bench_moe.py and bench_fused.py would stop at an unknown
-    one), each once."""
-    suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
-    for step in ("ab-configs", "fwd-configs"):
-        names = _script_step("main_check_run31.sh", step, tmp_path)[0].split(",")
-        assert len(names) == len(set(names)) >= 4 and set(names) <= suite, (step, sorted(set(names) - suite))
-
-
-def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
-    """Run 32's planned device steps: the stages and dx-stages steps' configs and workloads name known shapes
-    (profile_fast.py and energy_probe.py stop at an unknown one), with no settings of their own, and the da-v2 step
-    pairs mid-64e with itself, the second forcing only the fused d_a kind (MOK_FAST_GEMM_VARIANT's seventh entry) to
-    variant 2."""
-    parse, configs = _energy_probe()
-
-    def step(name):
-        return _script_step("main_check_run32.sh", name, tmp_path)
-
-    names = step("stage-configs")[0].split(",")
-    assert len(names) == len(set(names)) == 3 and set(names) <= set(configs), names
-    staged = [parse(s, configs) for s in step("stage-workloads")]
-    assert [c["name"] for _, c, _ in staged] == names and all(env == {} for _, _, env in staged), staged
-    dx = [parse(s, configs) for s in step("dx-workloads")]
-    assert {c["name"] for _, c, _ in dx} >= set(names) and all(env == {} for _, _, env in dx), dx
-    (k0, c0, env0), (k1, c1, env1) = [parse(s, configs) for s in step("da-workloads")]
-    assert k0 == k1 == "mok" and c0 == c1 and c0["name"] == "mid-64e" and c0["S"] == 0, (c0, c1)
-    assert env0 == {} and env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1
-
-
-def test_stages_probe_diff_still_applies_to_this_tree():
-    """benchmarks/stages_probe.sh patches a copy of csrc with stages_probe.diff: a change to csrc that the diff no
-    longer fits would stop the probe's build in a device session."""
-    import subprocess
-
-    r = subprocess.run(["git", "apply", "--check", str(BENCH / "stages_probe.diff")], capture_output=True,
-                       text=True, cwd=BENCH.parent)
-    assert r.returncode == 0, r.stderr
-
-
-def test_main_check_run33_gate_up_tiles_pair_each_shape_with_only_the_fused_gate_up_kind_forced(tmp_path):
-    """Run 33's gu-tiles step: each few-large-expert shape twice, as the rule runs it and with only the fused gate/up
-    + SwiGLU kind (MOK_FAST_GEMM_VARIANT's eighth entry) forced to the cooperative tile, variant 0."""
-    parse, configs = _energy_probe()
-    parsed = [parse(s, configs) for s in _script_step("main_check_run33.sh", "gu-workloads", tmp_path)]
-    assert len(parsed) == 8 and all(kind == "mok" for kind, _, _ in parsed), parsed
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and c0["I"] >= 4096 and env0 == {}, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["0", ""], env1
-
-
-def test_main_check_run34_workloads_force_only_the_kind_they_compare(tmp_path):
-    """Run 34's steps: `old-workloads`, two of issue 13's preset shapes under run 33's rule (only the fused gate/up +
-    SwiGLU kind, MOK_FAST_GEMM_VARIANT's eighth entry, forced to the ping-pong tile); `da-workloads`, each shape as
-    the rule runs it and then with only the d_a + SwiGLU-backward kind (the seventh entry) forced cooperative."""
-    parse, configs = _energy_probe()
-    old = [parse(s, configs) for s in _script_step("main_check_run34.sh", "old-workloads", tmp_path)]
-    assert [c["name"] for _, c, _ in old] == ["dsv3-ep8-slice", "mixtral-8x7b"], old
-    for kind, c, env in old:
-        assert kind == "mok" and env["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["3", ""], env
-    da = [parse(s, configs) for s in _script_step("main_check_run34.sh", "da-workloads", tmp_path)]
-    assert len(da) == 10 and all(kind == "mok" for kind, _, _ in da), da
-    for (_, c0, env0), (_, c1, env1) in zip(da[::2], da[1::2]):
-        assert c0 == c1 and env0 == {}, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["0", "", ""], env1
-
-
-def test_main_check_run35_quad_workloads_force_only_the_d_a_kind_to_variant_4(tmp_path):
-    """Run 35's quad step: each shape as the rule runs it and then with only the d_a + SwiGLU-backward kind
-    (MOK_FAST_GEMM_VARIANT's seventh entry) forced to variant 4, its 16-byte [dg | du] stores; the small-expert
-    shapes whose d_a launch is the slowest come first."""
-    parse, configs = _energy_probe()
-    parsed = [parse(s, configs) for s in _script_step("main_check_run35.sh", "quad-workloads", tmp_path)]
-    assert len(parsed) == 10 and all(kind == "mok" for kind, _, _ in parsed), parsed
-    assert [c["name"] for _, c, _ in parsed[:4:2]] == ["qwen3-30b-a3b", "olmoe-1b-7b"], parsed
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and env0 == {}, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["4", "", ""], env1
-
-
-def test_main_check_run35_gu_workloads_pair_large_expert_shapes_with_the_gate_up_kind_cooperative(tmp_path):
-    """Run 35's gu-h200 step: each large-expert suite shape (I > 1536, H >= 4096: cooperative on an H100) as the rule
-    runs it and then with only the fused gate/up + SwiGLU kind (the eighth entry) forced cooperative, variant 0."""
-    parse, configs = _energy_probe()
-    parsed = [parse(s, configs) for s in _script_step("main_check_run35.sh", "gu-workloads", tmp_path)]
-    assert len(parsed) == 8 and all(kind == "mok" for kind, _, _ in parsed), parsed
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and env0 == {} and c0["I"] > 1536 and c0["H"] >= 4096, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["0", ""], env1
-
-
-def test_main_check_run35_da_v2_workloads_pair_small_expert_shapes_with_the_d_a_kind_in_clusters(tmp_path):
-    """Run 35's da-v2 step: many-small-expert shapes (I <= 1536) as the rule runs them and then with only the d_a +
-    SwiGLU-backward kind (the seventh entry) forced to the 2x1-cluster ping-pong tile, variant 2."""
-    parse, configs = _energy_probe()
-    parsed = [parse(s, configs) for s in _script_step("main_check_run35.sh", "da-v2-workloads", tmp_path)]
-    assert len(parsed) == 10 and all(kind == "mok" for kind, _, _ in parsed), parsed
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and env0 == {} and c0["I"] <= 1536, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1

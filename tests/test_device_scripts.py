@@ -1,0 +1,183 @@
+"""The device-call scripts (benchmarks/main_check_run*.sh, new_shapes_check.sh): each printing step's workloads parse
+as energy_probe.py reads them and force only what the step compares, its configs are suite shapes, and the probe
+diffs still apply, so a typo in a script cannot cost its device call."""
+import json
+
+from bench_scripts import BENCH, energy_probe, script_step
+
+
+def _new_shapes_check_workloads(tmp_path, step: str):
+    """[(kind, config or None, env)] of the workloads `bash benchmarks/new_shapes_check.sh <step>` prints (a step
+    that runs nothing), each parsed by energy_probe, so a typo in the script cannot cost its device call."""
+    parse, configs = energy_probe()
+    specs = script_step("new_shapes_check.sh", step, tmp_path)
+    assert len(specs) == len(set(specs)), specs  # each workload once
+    return [parse(s, configs) for s in specs]
+
+
+def test_new_shapes_check_energy_workloads_all_parse(tmp_path):
+    """Run 22's energy step: the rule and its alternatives on the three shapes added to suite.json in run 21."""
+    parsed = _new_shapes_check_workloads(tmp_path, "workloads")
+    assert len(parsed) == 10
+    shapes = {cfg["name"] for _, cfg, _ in parsed if cfg is not None}
+    assert shapes == {"glm-4.5-air", "phi-3.5-moe", "granite-3.0-3b-a800m"}, shapes
+    assert {"MOK_FAST_FUSE_SWIGLU_BWD": "0"} in [env for _, _, env in parsed]
+
+
+def test_new_shapes_check_next_step_pairs_each_shape_with_the_other_tile(tmp_path):
+    """The `next` step (the follow-up device call) runs each shape by the rule and with the row-tiled GEMMs forced
+    to the other tile."""
+    parsed = _new_shapes_check_workloads(tmp_path, "next-workloads")
+    assert len(parsed) == 7
+    forced = {cfg["name"] for _, cfg, env in parsed if env.get("MOK_FAST_GEMM_VARIANT")}
+    plain = {cfg["name"] for _, cfg, env in parsed if cfg is not None and not env}
+    assert forced == plain == {"mid-64e", "glm-4.5-air", "dsv3-ep8-slice"}, (forced, plain)
+
+
+def test_main_check_run25_workloads_and_configs_all_parse(tmp_path):
+    """Run 25's device call: the five new suite shapes by name (bench_moe --configs) and as energy_probe
+    workloads, mok and the grouped_mm path each."""
+    parse, configs = energy_probe()
+    names = script_step("main_check_run25.sh", "configs", tmp_path)[0].split(",")
+    assert len(names) == 5 and set(names) <= set(configs), names
+    parsed = [parse(s, configs) for s in script_step("main_check_run25.sh", "workloads", tmp_path)]
+    assert [k for k, _, _ in parsed].count("grouped_mm") == 5
+    assert {cfg["name"] for _, cfg, _ in parsed if cfg is not None} == set(names)
+
+
+def test_main_check_run26_configs_are_suite_shapes(tmp_path):
+    """Run 26's device call: its --configs are all shapes of the suite (bench_moe --suite runs only those)."""
+    names = script_step("main_check_run26.sh", "configs", tmp_path)[0].split(",")
+    suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
+    assert len(names) == 4 and set(names) <= suite, (names, sorted(suite))
+
+
+def test_main_check_run28_workloads_parse_and_configs_cover_the_suite(tmp_path):
+    """Run 28's device calls: the energy step's extra workloads parse (the fused d_a kind forced to variant 2 only),
+    and the suite step names every suite shape once."""
+    parse, configs = energy_probe()
+
+    def step(name):
+        return script_step("main_check_run28.sh", name, tmp_path)
+
+    parsed = [parse(s, configs) for s in step("workloads")]
+    forced = [env["MOK_FAST_GEMM_VARIANT"] for _, _, env in parsed if env]
+    assert forced and all(v.split(",") == [""] * 6 + ["2", "", ""] for v in forced), forced
+    names = step("configs")[0].split(",")
+    suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
+    assert len(names) == len(set(names)) and set(names) == suite, sorted(suite ^ set(names))
+    module = step("module-configs")[0].split(",")
+    assert len(module) == 5 and set(module) <= suite, module
+    peak = step("peak-configs")[0].split(",")
+    assert len(peak) == len(set(peak)) == 8 and set(peak) <= suite, peak
+
+
+def test_main_check_run29_d_act_workloads_pair_each_shape_fused_and_apart(tmp_path):
+    """Run 29's d-act step: each shape once with the SwiGLU backward fused into the d_a GEMM and once apart."""
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step("main_check_run29.sh", "workloads", tmp_path)]
+    kinds = {(kind, cfg["name"]) for kind, cfg, _ in parsed}
+    assert len(kinds) == len(parsed) == 4, parsed
+    assert kinds == {(k, n) for k in ("fused", "unfused") for n in ("qwen3-30b-a3b", "olmoe-1b-7b")}, kinds
+
+
+def test_main_check_run31_ab_configs_are_suite_shapes(tmp_path):
+    """Run 31's ab and fwd-ab steps name suite shapes only (bench_moe.py and bench_fused.py would stop at an unknown
+    one), each once."""
+    suite = {c["name"] for c in json.loads((BENCH / "suite.json").read_text())["configs"]}
+    for step in ("ab-configs", "fwd-configs"):
+        names = script_step("main_check_run31.sh", step, tmp_path)[0].split(",")
+        assert len(names) == len(set(names)) >= 4 and set(names) <= suite, (step, sorted(set(names) - suite))
+
+
+def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
+    """Run 32's planned device steps: the stages and dx-stages steps' configs and workloads name known shapes
+    (profile_fast.py and energy_probe.py stop at an unknown one), with no settings of their own, and the da-v2 step
+    pairs mid-64e with itself, the second forcing only the fused d_a kind (MOK_FAST_GEMM_VARIANT's seventh entry) to
+    variant 2."""
+    parse, configs = energy_probe()
+
+    def step(name):
+        return script_step("main_check_run32.sh", name, tmp_path)
+
+    names = step("stage-configs")[0].split(",")
+    assert len(names) == len(set(names)) == 3 and set(names) <= set(configs), names
+    staged = [parse(s, configs) for s in step("stage-workloads")]
+    assert [c["name"] for _, c, _ in staged] == names and all(env == {} for _, _, env in staged), staged
+    dx = [parse(s, configs) for s in step("dx-workloads")]
+    assert {c["name"] for _, c, _ in dx} >= set(names) and all(env == {} for _, _, env in dx), dx
+    (k0, c0, env0), (k1, c1, env1) = [parse(s, configs) for s in step("da-workloads")]
+    assert k0 == k1 == "mok" and c0 == c1 and c0["name"] == "mid-64e" and c0["S"] == 0, (c0, c1)
+    assert env0 == {} and env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1
+
+
+def test_stages_probe_diff_still_applies_to_this_tree():
+    """benchmarks/stages_probe.sh patches a copy of csrc with stages_probe.diff: a change to csrc that the diff no
+    longer fits would stop the probe's build in a device session."""
+    import subprocess
+
+    r = subprocess.run(["git", "apply", "--check", str(BENCH / "stages_probe.diff")], capture_output=True,
+                       text=True, cwd=BENCH.parent)
+    assert r.returncode == 0, r.stderr
+
+
+def test_main_check_run33_gate_up_tiles_pair_each_shape_with_only_the_fused_gate_up_kind_forced(tmp_path):
+    """Run 33's gu-tiles step: each few-large-expert shape twice, as the rule runs it and with only the fused gate/up
+    + SwiGLU kind (MOK_FAST_GEMM_VARIANT's eighth entry) forced to the cooperative tile, variant 0."""
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step("main_check_run33.sh", "gu-workloads", tmp_path)]
+    assert len(parsed) == 8 and all(kind == "mok" for kind, _, _ in parsed), parsed
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and c0["I"] >= 4096 and env0 == {}, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["0", ""], env1
+
+
+def test_main_check_run34_workloads_force_only_the_kind_they_compare(tmp_path):
+    """Run 34's steps: `old-workloads`, two of issue 13's preset shapes under run 33's rule (only the fused gate/up +
+    SwiGLU kind, MOK_FAST_GEMM_VARIANT's eighth entry, forced to the ping-pong tile); `da-workloads`, each shape as
+    the rule runs it and then with only the d_a + SwiGLU-backward kind (the seventh entry) forced cooperative."""
+    parse, configs = energy_probe()
+    old = [parse(s, configs) for s in script_step("main_check_run34.sh", "old-workloads", tmp_path)]
+    assert [c["name"] for _, c, _ in old] == ["dsv3-ep8-slice", "mixtral-8x7b"], old
+    for kind, c, env in old:
+        assert kind == "mok" and env["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["3", ""], env
+    da = [parse(s, configs) for s in script_step("main_check_run34.sh", "da-workloads", tmp_path)]
+    assert len(da) == 10 and all(kind == "mok" for kind, _, _ in da), da
+    for (_, c0, env0), (_, c1, env1) in zip(da[::2], da[1::2]):
+        assert c0 == c1 and env0 == {}, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["0", "", ""], env1
+
+
+def test_main_check_run35_quad_workloads_force_only_the_d_a_kind_to_variant_4(tmp_path):
+    """Run 35's quad step: each shape as the rule runs it and then with only the d_a + SwiGLU-backward kind
+    (MOK_FAST_GEMM_VARIANT's seventh entry) forced to variant 4, its 16-byte [dg | du] stores; the small-expert
+    shapes whose d_a launch is the slowest come first."""
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step("main_check_run35.sh", "quad-workloads", tmp_path)]
+    assert len(parsed) == 10 and all(kind == "mok" for kind, _, _ in parsed), parsed
+    assert [c["name"] for _, c, _ in parsed[:4:2]] == ["qwen3-30b-a3b", "olmoe-1b-7b"], parsed
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and env0 == {}, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["4", "", ""], env1
+
+
+def test_main_check_run35_gu_workloads_pair_large_expert_shapes_with_the_gate_up_kind_cooperative(tmp_path):
+    """Run 35's gu-h200 step: each large-expert suite shape (I > 1536, H >= 4096: cooperative on an H100) as the rule
+    runs it and then with only the fused gate/up + SwiGLU kind (the eighth entry) forced cooperative, variant 0."""
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step("main_check_run35.sh", "gu-workloads", tmp_path)]
+    assert len(parsed) == 8 and all(kind == "mok" for kind, _, _ in parsed), parsed
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and env0 == {} and c0["I"] > 1536 and c0["H"] >= 4096, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["0", ""], env1
+
+
+def test_main_check_run35_da_v2_workloads_pair_small_expert_shapes_with_the_d_a_kind_in_clusters(tmp_path):
+    """Run 35's da-v2 step: many-small-expert shapes (I <= 1536) as the rule runs them and then with only the d_a +
+    SwiGLU-backward kind (the seventh entry) forced to the 2x1-cluster ping-pong tile, variant 2."""
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step("main_check_run35.sh", "da-v2-workloads", tmp_path)]
+    assert len(parsed) == 10 and all(kind == "mok" for kind, _, _ in parsed), parsed
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and env0 == {} and c0["I"] <= 1536, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1
