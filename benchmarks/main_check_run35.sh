@@ -31,23 +31,14 @@
 #   MOK_FAST_LIB=$PWD/.build/b35/libmok_fast.so bash benchmarks/main_check_run35.sh tests quad
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-V4="+MOK_FAST_GEMM_VARIANT=,,,,,,4,,"
-QUAD_WORKLOADS=""
-for shape in qwen3-30b-a3b olmoe-1b-7b mid-64e@S0 dsv3-ep8-slice@S0 mixtral-8x7b; do
-  QUAD_WORKLOADS+="mok:$shape mok:$shape$V4 "
-done
-GU_WORKLOADS=""
-for shape in dbrx llama-4-scout phi-3.5-moe mixtral-8x22b; do
-  GU_WORKLOADS+="mok:$shape mok:$shape+MOK_FAST_GEMM_VARIANT=,,,,,,,0, "
-done
-DA_V2_WORKLOADS=""
-for shape in qwen3-30b-a3b olmoe-1b-7b mid-64e@S0 glm-4.5-air granite-3.0-3b-a800m; do
-  DA_V2_WORKLOADS+="mok:$shape mok:$shape+MOK_FAST_GEMM_VARIANT=,,,,,,2,, "
-done
-RASTER_WORKLOADS=""
-for shape in qwen3-30b-a3b olmoe-1b-7b mid-64e@S0; do
-  RASTER_WORKLOADS+="mok:$shape mok:$shape+MOK_FAST_GEMM_RASTER=N "
-done
+# pairs SUFFIX SHAPE...: each shape as the rule runs it, then with SUFFIX (energy_probe.py's +VAR=VALUE)
+pairs() { local suffix=$1 s; shift; for s in "$@"; do printf 'mok:%s mok:%s%s ' "$s" "$s" "$suffix"; done; }
+QUAD_WORKLOADS=$(pairs +MOK_FAST_GEMM_VARIANT=,,,,,,4,, qwen3-30b-a3b olmoe-1b-7b mid-64e@S0 dsv3-ep8-slice@S0 \
+  mixtral-8x7b)
+GU_WORKLOADS=$(pairs +MOK_FAST_GEMM_VARIANT=,,,,,,,0, dbrx llama-4-scout phi-3.5-moe mixtral-8x22b)
+DA_V2_WORKLOADS=$(pairs +MOK_FAST_GEMM_VARIANT=,,,,,,2,, qwen3-30b-a3b olmoe-1b-7b mid-64e@S0 glm-4.5-air \
+  granite-3.0-3b-a800m)
+RASTER_WORKLOADS=$(pairs +MOK_FAST_GEMM_RASTER=N qwen3-30b-a3b olmoe-1b-7b mid-64e@S0)
 NCU="ncu --clock-control none --kernel-name-base demangled -k regex:SwigluBwd --launch-skip 1 --launch-count 1
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats
   --section LaunchStats --section Occupancy"
