@@ -181,3 +181,15 @@ def test_main_check_run35_da_v2_workloads_pair_small_expert_shapes_with_the_d_a_
     for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
         assert c0 == c1 and env0 == {} and c0["I"] <= 1536, (c0, c1, env0)
         assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1
+
+
+def test_main_check_run36_floor_workloads_are_issue13_shapes_as_dense_floors(tmp_path):
+    """Run 36's floor step: each of issue 13's four shapes (benchmarks/targets.py, what --preset issue13 adds) as a
+    dense cuBLAS floor, with the same config (the shared expert dropped where the preset drops it) and nothing
+    forced."""
+    from targets import TARGETS
+    parse, configs = energy_probe()
+    specs = script_step("main_check_run36.sh", "floor-workloads", tmp_path)
+    parsed = [parse(s, configs) for s in specs]
+    assert all(kind == "dense" and env == {} for kind, _, env in parsed), parsed
+    assert [s.replace("dense:", "mok:", 1) for s in specs] == list(TARGETS), specs
