@@ -193,3 +193,13 @@ def test_main_check_run36_floor_workloads_are_issue13_shapes_as_dense_floors(tmp
     parsed = [parse(s, configs) for s in specs]
     assert all(kind == "dense" and env == {} for kind, _, env in parsed), parsed
     assert [s.replace("dense:", "mok:", 1) for s in specs] == list(TARGETS), specs
+
+
+def test_main_check_run36_cache_workloads_are_issue13_shapes_as_the_rule_runs_them(tmp_path):
+    """Run 36's cache step: issue 13's four shapes, nothing forced (the two libraries are what differs), and its
+    profile configs are the same shapes."""
+    from targets import TARGETS
+    parse, configs = energy_probe()
+    specs = script_step("main_check_run36.sh", "cache-workloads", tmp_path)
+    assert specs == list(TARGETS), specs
+    assert all(kind == "mok" and env == {} for kind, _, env in (parse(s, configs) for s in specs))

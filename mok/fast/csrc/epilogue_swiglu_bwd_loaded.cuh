@@ -8,11 +8,12 @@
 // each tile's [p | q] with 16-byte cp.async into a ring of kStages sub-tiles in shared memory (64 rows x 32 columns
 // of p and of q, 16 KiB a sub-tile). Each lane's copies arrive on the sub-tile's full barrier when they land
 // (cp.async.mbarrier.arrive.noinc); the consumer warpgroup waits on it, stores its products and releases the
-// sub-tile. So a tile's first sub-tiles are in shared memory before its mainloop ends. Until run 30 the consumer
-// warpgroup made the copies itself, three sub-tiles ahead, once its accumulators were done (the "staged" epilogue):
-// the d_a step alone took 0.6-10% longer on five shapes (benchmarks/RESULTS.md run 30), and that kernel spilled
-// registers, which this one does not. Each output element still comes from one CTA's accumulator walking K in
-// order: bitwise reproducible and batch invariant.
+// sub-tile. So a tile's first sub-tiles are in shared memory before its mainloop ends. The copies carry an
+// evict-first L2 policy (since run 36): [p | q] is read once, and the GEMM's A and B tiles stay in L2 longer. Until
+// run 30 the consumer warpgroup made the copies itself, three sub-tiles ahead, once its accumulators were done (the
+// "staged" epilogue): the d_a step alone took 0.6-10% longer on five shapes (benchmarks/RESULTS.md run 30), and that
+// kernel spilled registers, which this one does not. Each output element still comes from one CTA's accumulator
+// walking K in order: bitwise reproducible and batch invariant.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -96,6 +97,9 @@ class SwigluBwdLoadedEpilogueArray : public EpilogueArrayBase<StrideCD_, float, 
     const uint32_t dst0 = static_cast<uint32_t>(__cvta_generic_to_shared(&ss.p[0][smem_at(cp_row, cp_col)]));
     constexpr uint32_t kQBytes = sizeof(ss.p), kStageBytes = sizeof(ss.p[0]);
     static_assert(kRowsPerPass % 4 == 0, "rows t / 8 + 4 i keep the chunk permutation of row t / 8");
+    // [p | q] is read once: its lines go first from L2, so they do not push out the GEMM's A and B tiles.
+    uint64_t evict_first;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(evict_first));
     CUTLASS_PRAGMA_NO_UNROLL
     for (int s = 0; s < kSubtiles; ++s) {
       const int dr = (s / kQ) * kSubM, dc = (s % kQ) * kSubN;
@@ -109,9 +113,10 @@ class SwigluBwdLoadedEpilogueArray : public EpilogueArrayBase<StrideCD_, float, 
         const float* src = in ? src0 + (r - cp_row) * ldc + dc : src0;
         const uint32_t bytes = in ? 16 : 0;
         const uint32_t dst = dst_s + (i * kRowsPerPass * kSubN) * static_cast<uint32_t>(sizeof(float));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + kQBytes), "l"(in ? src + N : src),
-                     "r"(bytes) : "memory");
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
+                     "r"(bytes), "l"(evict_first) : "memory");
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst + kQBytes),
+                     "l"(in ? src + N : src), "r"(bytes), "l"(evict_first) : "memory");
       }
       cutlass::arch::cpasync_barrier_arrive_noinc(load_pipeline.producer_get_barrier(state));
       ++state;
