@@ -19,10 +19,13 @@
 #   h200-a   on an H200 only: `floor` (at most 220 s), then run 35's suite step;
 #   h200-b   on an H200 only: run 35's gu-h200 step, then `profile`.
 # Printing steps for the CPU check (tests/test_device_scripts.py): `floor-workloads`, `cache-workloads`.
-# Usage (repo root, a library built from this tree, carried):
-#   MOK_FAST_LIB=$PWD/.build/b32/libmok_fast.so bash benchmarks/main_check_run36.sh first
-#   MOK_FAST_LIB=$PWD/.build/b32/libmok_fast.so CACHE_LIB=$PWD/.build/b36/libmok_fast.so \
-#     bash benchmarks/main_check_run36.sh cache
+# Usage (repo root, a library built from this tree, carried; `python -m mok.fast._build .build/b36main/libmok_fast.so`):
+#   MOK_FAST_LIB=$PWD/.build/b36main/libmok_fast.so BUDGET_S=570 bash benchmarks/main_check_run36.sh h200-a
+#   MOK_FAST_LIB=$PWD/.build/b36main/libmok_fast.so BUDGET_S=300 bash benchmarks/main_check_run36.sh h200-b
+# Run 36's calls (benchmarks/RESULTS.md): `first` and the trial below under run 32's library (.build/b32, the csrc
+# before run 36):
+#   MOK_FAST_LIB=$PWD/.build/b32/libmok_fast.so \
+#     CACHE_LIB="$PWD/.build/b36b/libmok_fast.so $PWD/.build/b36/libmok_fast.so" bash benchmarks/main_check_run36.sh cache
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 FLOOR_WORKLOADS="dense:qwen3-30b-a3b dense:mid-64e@S0 dense:dsv3-ep8-slice@S0 dense:mixtral-8x7b"
