@@ -25,7 +25,8 @@
 # Run 36's calls (benchmarks/RESULTS.md): `first` and the trial below under run 32's library (.build/b32, the csrc
 # before run 36):
 #   MOK_FAST_LIB=$PWD/.build/b32/libmok_fast.so \
-#     CACHE_LIB="$PWD/.build/b36b/libmok_fast.so $PWD/.build/b36/libmok_fast.so" bash benchmarks/main_check_run36.sh cache
+#     CACHE_LIB="$PWD/.build/b36b/libmok_fast.so $PWD/.build/b36/libmok_fast.so" \
+#     bash benchmarks/main_check_run36.sh cache
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 FLOOR_WORKLOADS="dense:qwen3-30b-a3b dense:mid-64e@S0 dense:dsv3-ep8-slice@S0 dense:mixtral-8x7b"
