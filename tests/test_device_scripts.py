@@ -203,3 +203,29 @@ def test_main_check_run36_cache_workloads_are_issue13_shapes_as_the_rule_runs_th
     specs = script_step("main_check_run36.sh", "cache-workloads", tmp_path)
     assert specs == list(TARGETS), specs
     assert all(kind == "mok" and env == {} for kind, _, env in (parse(s, configs) for s in specs))
+
+
+def test_main_check_run37_store_workloads_are_issue13_shapes_and_olmoe_as_the_rule_runs_them(tmp_path):
+    """Run 37's store step: issue 13's four shapes and OLMoE-1B-7B, each once, nothing forced (the two libraries
+    are what differs)."""
+    parse, configs = energy_probe()  # puts benchmarks/ on the path
+    from targets import TARGETS
+    specs = script_step("main_check_run37.sh", "store-workloads", tmp_path)
+    assert specs == [*TARGETS, "mok:olmoe-1b-7b"], specs
+    assert all(kind == "mok" and env == {} for kind, _, env in (parse(s, configs) for s in specs))
+
+
+def test_ncu_table_reads_each_launch_of_a_survey_log():
+    """benchmarks/ncu_table.py on run 37's survey of Qwen3-30B-A3B (main's library): one row per GEMM launch of the
+    step, in launch order, each named by its kernel's types, with its tile and every metric read (no '?')."""
+    import sys
+    sys.path.insert(0, str(BENCH))
+    import ncu_table
+
+    text = (BENCH.parent / "logs" / "ncu_survey_qwen3-30b-a3b_main_run37_h100.log").read_text()
+    rows = ncu_table.rows(text)
+    assert [r[0] for r in rows] == ["gate/up + SwiGLU", "bf16 out", "d_a + SwiGLU bwd", "d_x", "fp32 out",
+                                    "fp32 out"], rows
+    assert [r[1] for r in rows] == ["128x192"] * 4 + ["192x128", "128x192"], rows
+    assert all("?" not in r for r in rows), rows
+    assert rows[2][2:4] == ["887.46 us", "75.85"], rows[2]  # the d_a launch: duration, DRAM throughput

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Run 37's device calls. Steps, each logged under $OUT, each given what is left of BUDGET_S (seconds, default 560):
+#   start    on an H200: run 36's h200-a (the floor beside issue 13's preset, then bench_moe.py --suite); on any other
+#            card: `survey`;
+#   next     on an H200: run 36's h200-a; on any other card: `stalls`;
+#   stalls   Nsight Compute with warp-state and scheduler statistics on the fused gate/up and d_a launches and the d_x
+#            launch of one step (the second) of STALL_SHAPES: why the fused launches keep the tensor cores busy less
+#            of the time than the plain GEMMs beside them;
+#   nostore  a measurement: $PROBE_LIB, a library whose fused gate/up and d_a epilogues do their math and loads but
+#            never store (wrong results; benchmarks/no_epi_stores_run37.diff). Nsight Compute (throughputs) on the fused
+#            launches and d_x of one step of STALL_SHAPES and qwen3-30b-a3b under $MOK_FAST_LIB and $PROBE_LIB: what
+#            the epilogues' register-sourced global stores cost those launches;
+#   next2    on an H200: run 36's h200-a; on any other card: `nostore`;
+#   survey   Nsight Compute on every GEMM launch of one forward+backward step (the second) of SURVEY_SHAPES: duration,
+#            throughputs, L2 hit rate, DRAM bytes, so that each launch's bound (tensor cores, L2, DRAM) is read off the
+#            counters, not guessed.
+#   store    a trial: $NEW_LIB, a library whose linear epilogues (down, d_x, the weight gradients) store through TMA with
+#            an evict-first L2 hint (benchmarks/tma_store_hint_run37.diff; not kept); the same bits. The whole GPU suite under it,
+#            `survey` under it, then whole steps (energy_probe.py, STORE_WORKLOADS) under $MOK_FAST_LIB and $NEW_LIB in
+#            turn, one process each, two rounds.
+# Usage (repo root, a library built from this tree, carried):
+#   MOK_FAST_LIB=$PWD/.build/b36main/libmok_fast.so BUDGET_S=570 bash benchmarks/main_check_run37.sh start
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STORE_WORKLOADS="mok:qwen3-30b-a3b mok:mid-64e@S0 mok:dsv3-ep8-slice@S0 mok:mixtral-8x7b mok:olmoe-1b-7b"
+STALL_SHAPES=${STALL_SHAPES:-"mixtral-8x7b dsv3-ep8-slice"}
+NCU_STALLS="ncu --clock-control none --kernel-name-base demangled -k regex:GateUpPair|SwigluBwd|KHalves --launch-skip 3
+  --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats
+  --section SchedulerStats --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy"
+SURVEY_SHAPES=${SURVEY_SHAPES:-"mixtral-8x7b qwen3-30b-a3b"}
+NCU="ncu --clock-control none --kernel-name-base demangled -k regex:GemmUniversal --launch-skip 6 --launch-count 6
+  --section SpeedOfLight --section MemoryWorkloadAnalysis"
+start=$(date +%s)
+left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
+h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
+for step in "$@"; do
+  case $step in
+    start) echo "== start ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+           if h200; then BUDGET_S=$(left) bash benchmarks/main_check_run36.sh h200-a
+           else BUDGET_S=$(left) bash "$0" survey; fi;;
+    next) echo "== next ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+          if h200; then BUDGET_S=$(left) bash benchmarks/main_check_run36.sh h200-a
+          else BUDGET_S=$(left) bash "$0" stalls; fi;;
+    stalls) echo "== stalls ($(left) s left)"
+            for s in $STALL_SHAPES; do
+              timeout $(( $(left) < 200 ? $(left) : 200 )) $NCU_STALLS python benchmarks/ncu_steps.py $s 2 \
+                > "$OUT/ncu_stalls_$s.log" 2>&1
+              python benchmarks/ncu_table.py "$OUT/ncu_stalls_$s.log"
+              grep -E "Stall|Warp Cycles Per|Issue Slots|Eligible Warps|No Eligible|Registers Per|Executed Ipc|Achieved Occ" \
+                "$OUT/ncu_stalls_$s.log" | head -60
+            done;;
+    next2) echo "== next2 ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+           if h200; then BUDGET_S=$(left) bash benchmarks/main_check_run36.sh h200-a
+           else BUDGET_S=$(left) bash "$0" nostore; fi;;
+    nostore) echo "== nostore ($(left) s left)"
+             for s in $STALL_SHAPES qwen3-30b-a3b; do
+               for lib in $MOK_FAST_LIB $PROBE_LIB; do
+                 tag=$(basename $(dirname $lib))
+                 MOK_FAST_LIB=$lib timeout $(( $(left) < 90 ? $(left) : 90 )) ${NCU_STALLS%%--section*} \
+                   --section SpeedOfLight --section MemoryWorkloadAnalysis python benchmarks/ncu_steps.py $s 2 \
+                   > "$OUT/ncu_nostore_${s}_$tag.log" 2>&1
+                 python benchmarks/ncu_table.py "$OUT/ncu_nostore_${s}_$tag.log"
+               done
+             done;;
+    survey) echo "== survey ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+            for s in $SURVEY_SHAPES; do
+              timeout $(( $(left) < 200 ? $(left) : 200 )) $NCU python benchmarks/ncu_steps.py $s 2 \
+                > "$OUT/ncu_survey_$s.log" 2>&1
+              echo "## $s"; grep -E "^  [a-z].*GemmUniversal|Duration|DRAM Throughput|L2 Hit Rate|Compute \(SM\)|L2 Cache Thr|Memory Throughput" \
+                "$OUT/ncu_survey_$s.log" | sed -E 's/^  (void )?cutlass::device_kernel.*(\([0-9]+, 1, 1\)x\([0-9]+, 1, 1\)).*/  kernel \2/'
+            done;;
+    store) echo "== store ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+           MOK_FAST_LIB=$NEW_LIB timeout $(( $(left) < 240 ? $(left) : 240 )) python -m pytest tests/gpu -q \
+             -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_store.log" | tail -3
+           MOK_FAST_LIB=$NEW_LIB OUT=$OUT/new BUDGET_S=$(( $(left) < 60 ? $(left) : 60 )) bash "$0" survey
+           for r in 1 2; do
+             for lib in $MOK_FAST_LIB $NEW_LIB; do
+               echo "## round $r, library $lib"
+               MOK_FAST_LIB=$lib timeout $(( $(left) < 90 ? $(left) : 90 )) python benchmarks/energy_probe.py \
+                 $STORE_WORKLOADS --seconds 2 --cool 1 2>&1 | grep -E "^\| mok|^\| workload"
+             done
+           done | tee "$OUT/energy_store.log";;
+    store-workloads) echo $STORE_WORKLOADS;;
+    *) echo "unknown step $step"; exit 2;;
+  esac
+  case $step in *-workloads) ;; *) date -u;; esac
+done
