@@ -11,6 +11,11 @@
 #            launches and d_x of one step of STALL_SHAPES and qwen3-30b-a3b under $MOK_FAST_LIB and $PROBE_LIB: what
 #            the epilogues' register-sourced global stores cost those launches;
 #   next2    on an H200: run 36's h200-a; on any other card: `nostore`;
+#   batch    a trial: $NEW_LIB, a library whose fused d_a epilogue takes a row half of a sub-tile in three steps (every
+#            pair's p and q loads, then the products, then the stores; benchmarks/d_a_batched_run37.diff), so that its
+#            stores do not share two source registers; the same bits. The fused-epilogue, tile and determinism GPU
+#            tests under it, ncu of the fused launches (as `nostore`) under both libraries, then whole steps
+#            (STORE_WORKLOADS) under both, one process each, two rounds;
 #   survey   Nsight Compute on every GEMM launch of one forward+backward step (the second) of SURVEY_SHAPES: duration,
 #            throughputs, L2 hit rate, DRAM bytes, so that each launch's bound (tensor cores, L2, DRAM) is read off the
 #            counters, not guessed.
@@ -62,6 +67,19 @@ for step in "$@"; do
                  python benchmarks/ncu_table.py "$OUT/ncu_nostore_${s}_$tag.log"
                done
              done;;
+    batch) echo "== batch ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+           MOK_FAST_LIB=$NEW_LIB timeout $(( $(left) < 150 ? $(left) : 150 )) python -m pytest \
+             tests/gpu/test_fast_fused.py tests/gpu/test_fast_tiles.py tests/gpu/test_fast_determinism.py -q \
+             -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_batch.log" | tail -1
+           PROBE_LIB=$NEW_LIB BUDGET_S=$(( $(left) < 110 ? $(left) : 110 )) bash "$0" nostore \
+             | grep -E "^## |d_a" | tee "$OUT/ncu_batch.log"
+           for r in 1 2; do
+             for lib in $MOK_FAST_LIB $NEW_LIB; do
+               echo "## round $r, library $lib"
+               MOK_FAST_LIB=$lib timeout $(( $(left) < 90 ? $(left) : 90 )) python benchmarks/energy_probe.py \
+                 $STORE_WORKLOADS --seconds 2 --cool 1 2>&1 | grep -E "^\| mok|^\| workload"
+             done
+           done | tee "$OUT/energy_batch.log";;
     survey) echo "== survey ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
             for s in $SURVEY_SHAPES; do
               timeout $(( $(left) < 200 ? $(left) : 200 )) $NCU python benchmarks/ncu_steps.py $s 2 \
