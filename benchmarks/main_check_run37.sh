@@ -18,11 +18,13 @@
 #            (STORE_WORKLOADS) under both, one process each, two rounds;
 #   survey   Nsight Compute on every GEMM launch of one forward+backward step (the second) of SURVEY_SHAPES: duration,
 #            throughputs, L2 hit rate, DRAM bytes, so that each launch's bound (tensor cores, L2, DRAM) is read off the
-#            counters, not guessed.
-#   store    a trial: $NEW_LIB, a library whose linear epilogues (down, d_x, the weight gradients) store through TMA with
-#            an evict-first L2 hint (benchmarks/tma_store_hint_run37.diff; not kept); the same bits. The whole GPU suite under it,
-#            `survey` under it, then whole steps (energy_probe.py, STORE_WORKLOADS) under $MOK_FAST_LIB and $NEW_LIB in
-#            turn, one process each, two rounds.
+#            counters, not guessed;
+#   store    a trial: $NEW_LIB, a library whose linear epilogues (down, d_x, the weight gradients) store through TMA
+#            with an evict-first L2 hint (benchmarks/tma_store_hint_run37.diff; not kept); the same bits. The whole GPU
+#            suite under it, `survey` under it, then whole steps (energy_probe.py, STORE_WORKLOADS) under $MOK_FAST_LIB
+#            and $NEW_LIB in turn, one process each, two rounds;
+#   final    on an H200: the per-stage profile (run 28's `profile`), then issue 13's preset (one round); on any other
+#            card nothing.
 # Usage (repo root, a library built from this tree, carried):
 #   MOK_FAST_LIB=$PWD/.build/b36main/libmok_fast.so BUDGET_S=570 bash benchmarks/main_check_run37.sh start
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
@@ -38,25 +40,31 @@ NCU="ncu --clock-control none --kernel-name-base demangled -k regex:GemmUniversa
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
 h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
+# On an H200 run 36's h200-a, on any other card step $1 of this script.
+h200_or() { nvidia-smi --query-gpu=name --format=csv,noheader
+            if h200; then BUDGET_S=$(left) bash benchmarks/main_check_run36.sh h200-a
+            else BUDGET_S=$(left) bash "$0" "$1"; fi; }
+# Whole steps of STORE_WORKLOADS under $MOK_FAST_LIB and $NEW_LIB in turn, one process each, two rounds; log $OUT/$1.
+ab_steps() { for r in 1 2; do
+               for lib in $MOK_FAST_LIB $NEW_LIB; do
+                 echo "## round $r, library $lib"
+                 MOK_FAST_LIB=$lib timeout $(( $(left) < 90 ? $(left) : 90 )) python benchmarks/energy_probe.py \
+                   $STORE_WORKLOADS --seconds 2 --cool 1 2>&1 | grep -E "^\| mok|^\| workload"
+               done
+             done | tee "$OUT/$1"; }
 for step in "$@"; do
   case $step in
-    start) echo "== start ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
-           if h200; then BUDGET_S=$(left) bash benchmarks/main_check_run36.sh h200-a
-           else BUDGET_S=$(left) bash "$0" survey; fi;;
-    next) echo "== next ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
-          if h200; then BUDGET_S=$(left) bash benchmarks/main_check_run36.sh h200-a
-          else BUDGET_S=$(left) bash "$0" stalls; fi;;
+    start) echo "== start ($(left) s left)"; h200_or survey;;
+    next) echo "== next ($(left) s left)"; h200_or stalls;;
     stalls) echo "== stalls ($(left) s left)"
             for s in $STALL_SHAPES; do
               timeout $(( $(left) < 200 ? $(left) : 200 )) $NCU_STALLS python benchmarks/ncu_steps.py $s 2 \
                 > "$OUT/ncu_stalls_$s.log" 2>&1
               python benchmarks/ncu_table.py "$OUT/ncu_stalls_$s.log"
-              grep -E "Stall|Warp Cycles Per|Issue Slots|Eligible Warps|No Eligible|Registers Per|Executed Ipc|Achieved Occ" \
+              grep -E "Stall|Warp Cycles Per|Issue Slots|Eligible Warps|No Eligible|Registers Per|Executed Ipc" \
                 "$OUT/ncu_stalls_$s.log" | head -60
             done;;
-    next2) echo "== next2 ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
-           if h200; then BUDGET_S=$(left) bash benchmarks/main_check_run36.sh h200-a
-           else BUDGET_S=$(left) bash "$0" nostore; fi;;
+    next2) echo "== next2 ($(left) s left)"; h200_or nostore;;
     nostore) echo "== nostore ($(left) s left)"
              for s in $STALL_SHAPES qwen3-30b-a3b; do
                for lib in $MOK_FAST_LIB $PROBE_LIB; do
@@ -73,31 +81,23 @@ for step in "$@"; do
              -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_batch.log" | tail -1
            PROBE_LIB=$NEW_LIB BUDGET_S=$(( $(left) < 110 ? $(left) : 110 )) bash "$0" nostore \
              | grep -E "^## |d_a" | tee "$OUT/ncu_batch.log"
-           for r in 1 2; do
-             for lib in $MOK_FAST_LIB $NEW_LIB; do
-               echo "## round $r, library $lib"
-               MOK_FAST_LIB=$lib timeout $(( $(left) < 90 ? $(left) : 90 )) python benchmarks/energy_probe.py \
-                 $STORE_WORKLOADS --seconds 2 --cool 1 2>&1 | grep -E "^\| mok|^\| workload"
-             done
-           done | tee "$OUT/energy_batch.log";;
+           ab_steps energy_batch.log;;
     survey) echo "== survey ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
             for s in $SURVEY_SHAPES; do
               timeout $(( $(left) < 200 ? $(left) : 200 )) $NCU python benchmarks/ncu_steps.py $s 2 \
                 > "$OUT/ncu_survey_$s.log" 2>&1
-              echo "## $s"; grep -E "^  [a-z].*GemmUniversal|Duration|DRAM Throughput|L2 Hit Rate|Compute \(SM\)|L2 Cache Thr|Memory Throughput" \
-                "$OUT/ncu_survey_$s.log" | sed -E 's/^  (void )?cutlass::device_kernel.*(\([0-9]+, 1, 1\)x\([0-9]+, 1, 1\)).*/  kernel \2/'
+              echo "## $s"; python benchmarks/ncu_table.py "$OUT/ncu_survey_$s.log"
             done;;
     store) echo "== store ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
            MOK_FAST_LIB=$NEW_LIB timeout $(( $(left) < 240 ? $(left) : 240 )) python -m pytest tests/gpu -q \
              -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_store.log" | tail -3
            MOK_FAST_LIB=$NEW_LIB OUT=$OUT/new BUDGET_S=$(( $(left) < 60 ? $(left) : 60 )) bash "$0" survey
-           for r in 1 2; do
-             for lib in $MOK_FAST_LIB $NEW_LIB; do
-               echo "## round $r, library $lib"
-               MOK_FAST_LIB=$lib timeout $(( $(left) < 90 ? $(left) : 90 )) python benchmarks/energy_probe.py \
-                 $STORE_WORKLOADS --seconds 2 --cool 1 2>&1 | grep -E "^\| mok|^\| workload"
-             done
-           done | tee "$OUT/energy_store.log";;
+           ab_steps energy_store.log;;
+    final) h200 || { echo "final: not an H200"; exit 3; }
+           BUDGET_S=$(( $(left) < 240 ? $(left) : 240 )) bash benchmarks/main_check_run28.sh profile
+           grep -E "wall time|cutlass" "$OUT/profile.log" | head -80
+           timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py --preset issue13 --seconds 3 --cool 1.5 2>&1 \
+             | grep -v -i warn | tee "$OUT/energy_preset.log" | tail -14;;
     store-workloads) echo $STORE_WORKLOADS;;
     *) echo "unknown step $step"; exit 2;;
   esac
