@@ -24,7 +24,8 @@
 #            suite under it, `survey` under it, then whole steps (energy_probe.py, STORE_WORKLOADS) under $MOK_FAST_LIB
 #            and $NEW_LIB in turn, one process each, two rounds;
 #   final    on an H200: the per-stage profile (run 28's `profile`), then issue 13's preset (one round); on any other
-#            card nothing.
+#            card nothing;
+#   last     on an H200: `final`; on any other card the per-stage profile alone.
 # Usage (repo root, a library built from this tree, carried):
 #   MOK_FAST_LIB=$PWD/.build/b36main/libmok_fast.so BUDGET_S=570 bash benchmarks/main_check_run37.sh start
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
@@ -98,6 +99,10 @@ for step in "$@"; do
            grep -E "wall time|cutlass" "$OUT/profile.log" | head -80
            timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py --preset issue13 --seconds 3 --cool 1.5 2>&1 \
              | grep -v -i warn | tee "$OUT/energy_preset.log" | tail -14;;
+    last) echo "== last ($(left) s left)"
+          if h200; then BUDGET_S=$(left) bash "$0" final
+          else BUDGET_S=$(left) bash benchmarks/main_check_run28.sh profile
+               grep -E "wall time|cutlass" "$OUT/profile.log" | head -80; fi;;
     store-workloads) echo $STORE_WORKLOADS;;
     *) echo "unknown step $step"; exit 2;;
   esac
