@@ -229,3 +229,15 @@ def test_ncu_table_reads_each_launch_of_a_survey_log():
     assert [r[1] for r in rows] == ["128x192"] * 4 + ["192x128", "128x192"], rows
     assert all("?" not in r for r in rows), rows
     assert rows[2][2:4] == ["887.46 us", "75.85"], rows[2]  # the d_a launch: duration, DRAM throughput
+
+
+def test_main_check_run37_coop_da_workloads_pair_each_small_expert_shape_with_the_cooperative_d_a(tmp_path):
+    """Run 37's coop-da step: each small-expert shape by the rule, then with only the fused d_a kind
+    (GEMM_NN_SWIGLU_BWD) forced to the cooperative 128x256 tile, variant 0."""
+    parse, configs = energy_probe()
+    specs = script_step("main_check_run37.sh", "coop-da-workloads", tmp_path)
+    parsed = [parse(s, configs) for s in specs]
+    assert len(parsed) == 6 and all(kind == "mok" for kind, _, _ in parsed), parsed
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and env0 == {} and c0["I"] <= 1536, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["0", "", ""], env1
