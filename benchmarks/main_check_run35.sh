@@ -31,8 +31,7 @@
 #   MOK_FAST_LIB=$PWD/.build/b35/libmok_fast.so bash benchmarks/main_check_run35.sh tests quad
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# pairs SUFFIX SHAPE...: each shape as the rule runs it, then with SUFFIX (energy_probe.py's +VAR=VALUE)
-pairs() { local suffix=$1 s; shift; for s in "$@"; do printf 'mok:%s mok:%s%s ' "$s" "$s" "$suffix"; done; }
+source "$(dirname "$0")/workload_pairs.sh"
 QUAD_WORKLOADS=$(pairs +MOK_FAST_GEMM_VARIANT=,,,,,,4,, qwen3-30b-a3b olmoe-1b-7b mid-64e@S0 dsv3-ep8-slice@S0 \
   mixtral-8x7b)
 GU_WORKLOADS=$(pairs +MOK_FAST_GEMM_VARIANT=,,,,,,,0, dbrx llama-4-scout phi-3.5-moe mixtral-8x22b)

@@ -35,8 +35,8 @@
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STORE_WORKLOADS="mok:qwen3-30b-a3b mok:mid-64e@S0 mok:dsv3-ep8-slice@S0 mok:mixtral-8x7b mok:olmoe-1b-7b"
-COOP_DA_WORKLOADS="mok:qwen3-30b-a3b mok:qwen3-30b-a3b+MOK_FAST_GEMM_VARIANT=,,,,,,0,, mok:mid-64e@S0
-  mok:mid-64e@S0+MOK_FAST_GEMM_VARIANT=,,,,,,0,, mok:olmoe-1b-7b mok:olmoe-1b-7b+MOK_FAST_GEMM_VARIANT=,,,,,,0,,"
+source "$(dirname "$0")/workload_pairs.sh"
+COOP_DA_WORKLOADS=$(pairs +MOK_FAST_GEMM_VARIANT=,,,,,,0,, qwen3-30b-a3b mid-64e@S0 olmoe-1b-7b)
 STALL_SHAPES=${STALL_SHAPES:-"mixtral-8x7b dsv3-ep8-slice"}
 NCU_STALLS="ncu --clock-control none --kernel-name-base demangled -k regex:GateUpPair|SwigluBwd|KHalves --launch-skip 3
   --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats

@@ -23,3 +23,20 @@ def script_step(script: str, step: str, tmp_path) -> list[str]:
                        env={**os.environ, "OUT": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
+
+
+def forced_kind_pairs(script: str, step: str, tmp_path, kind: int, variant: str, n_pairs: int):
+    """The configs of `bash benchmarks/<script> <step>`'s workloads, checked to be `n_pairs` pairs of one mok
+    config: first as the rule runs it (nothing forced), then with only GEMM kind `kind` (MOK_FAST_GEMM_VARIANT's
+    entry in MokGemmKind order) forced to `variant`."""
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step(script, step, tmp_path)]
+    assert len(parsed) == 2 * n_pairs and all(k == "mok" for k, _, _ in parsed), parsed
+    from mok.fast._lib import GEMM_KINDS
+
+    forced = [""] * len(GEMM_KINDS)
+    forced[kind] = variant
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and env0 == {}, (c0, c1, env0)
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == forced, env1
+    return [c for _, c, _ in parsed[::2]]

@@ -3,7 +3,7 @@ as energy_probe.py reads them and force only what the step compares, its configs
 diffs still apply, so a typo in a script cannot cost its device call."""
 import json
 
-from bench_scripts import BENCH, energy_probe, script_step
+from bench_scripts import BENCH, energy_probe, forced_kind_pairs, script_step
 
 
 def _new_shapes_check_workloads(tmp_path, step: str):
@@ -124,12 +124,8 @@ def test_stages_probe_diff_still_applies_to_this_tree():
 def test_main_check_run33_gate_up_tiles_pair_each_shape_with_only_the_fused_gate_up_kind_forced(tmp_path):
     """Run 33's gu-tiles step: each few-large-expert shape twice, as the rule runs it and with only the fused gate/up
     + SwiGLU kind (MOK_FAST_GEMM_VARIANT's eighth entry) forced to the cooperative tile, variant 0."""
-    parse, configs = energy_probe()
-    parsed = [parse(s, configs) for s in script_step("main_check_run33.sh", "gu-workloads", tmp_path)]
-    assert len(parsed) == 8 and all(kind == "mok" for kind, _, _ in parsed), parsed
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and c0["I"] >= 4096 and env0 == {}, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["0", ""], env1
+    shapes = forced_kind_pairs("main_check_run33.sh", "gu-workloads", tmp_path, kind=7, variant="0", n_pairs=4)
+    assert all(c["I"] >= 4096 for c in shapes), shapes
 
 
 def test_main_check_run34_workloads_force_only_the_kind_they_compare(tmp_path):
@@ -141,46 +137,29 @@ def test_main_check_run34_workloads_force_only_the_kind_they_compare(tmp_path):
     assert [c["name"] for _, c, _ in old] == ["dsv3-ep8-slice", "mixtral-8x7b"], old
     for kind, c, env in old:
         assert kind == "mok" and env["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["3", ""], env
-    da = [parse(s, configs) for s in script_step("main_check_run34.sh", "da-workloads", tmp_path)]
-    assert len(da) == 10 and all(kind == "mok" for kind, _, _ in da), da
-    for (_, c0, env0), (_, c1, env1) in zip(da[::2], da[1::2]):
-        assert c0 == c1 and env0 == {}, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["0", "", ""], env1
+    forced_kind_pairs("main_check_run34.sh", "da-workloads", tmp_path, kind=6, variant="0", n_pairs=5)
 
 
 def test_main_check_run35_quad_workloads_force_only_the_d_a_kind_to_variant_4(tmp_path):
     """Run 35's quad step: each shape as the rule runs it and then with only the d_a + SwiGLU-backward kind
     (MOK_FAST_GEMM_VARIANT's seventh entry) forced to variant 4, its 16-byte [dg | du] stores; the small-expert
     shapes whose d_a launch is the slowest come first."""
-    parse, configs = energy_probe()
-    parsed = [parse(s, configs) for s in script_step("main_check_run35.sh", "quad-workloads", tmp_path)]
-    assert len(parsed) == 10 and all(kind == "mok" for kind, _, _ in parsed), parsed
-    assert [c["name"] for _, c, _ in parsed[:4:2]] == ["qwen3-30b-a3b", "olmoe-1b-7b"], parsed
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and env0 == {}, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["4", "", ""], env1
+    shapes = forced_kind_pairs("main_check_run35.sh", "quad-workloads", tmp_path, kind=6, variant="4", n_pairs=5)
+    assert [c["name"] for c in shapes[:2]] == ["qwen3-30b-a3b", "olmoe-1b-7b"], shapes
 
 
 def test_main_check_run35_gu_workloads_pair_large_expert_shapes_with_the_gate_up_kind_cooperative(tmp_path):
     """Run 35's gu-h200 step: each large-expert suite shape (I > 1536, H >= 4096: cooperative on an H100) as the rule
     runs it and then with only the fused gate/up + SwiGLU kind (the eighth entry) forced cooperative, variant 0."""
-    parse, configs = energy_probe()
-    parsed = [parse(s, configs) for s in script_step("main_check_run35.sh", "gu-workloads", tmp_path)]
-    assert len(parsed) == 8 and all(kind == "mok" for kind, _, _ in parsed), parsed
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and env0 == {} and c0["I"] > 1536 and c0["H"] >= 4096, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 7 + ["0", ""], env1
+    shapes = forced_kind_pairs("main_check_run35.sh", "gu-workloads", tmp_path, kind=7, variant="0", n_pairs=4)
+    assert all(c["I"] > 1536 and c["H"] >= 4096 for c in shapes), shapes
 
 
 def test_main_check_run35_da_v2_workloads_pair_small_expert_shapes_with_the_d_a_kind_in_clusters(tmp_path):
     """Run 35's da-v2 step: many-small-expert shapes (I <= 1536) as the rule runs them and then with only the d_a +
     SwiGLU-backward kind (the seventh entry) forced to the 2x1-cluster ping-pong tile, variant 2."""
-    parse, configs = energy_probe()
-    parsed = [parse(s, configs) for s in script_step("main_check_run35.sh", "da-v2-workloads", tmp_path)]
-    assert len(parsed) == 10 and all(kind == "mok" for kind, _, _ in parsed), parsed
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and env0 == {} and c0["I"] <= 1536, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1
+    shapes = forced_kind_pairs("main_check_run35.sh", "da-v2-workloads", tmp_path, kind=6, variant="2", n_pairs=5)
+    assert all(c["I"] <= 1536 for c in shapes), shapes
 
 
 def test_main_check_run36_floor_workloads_are_issue13_shapes_as_dense_floors(tmp_path):
@@ -234,10 +213,5 @@ def test_ncu_table_reads_each_launch_of_a_survey_log():
 def test_main_check_run37_coop_da_workloads_pair_each_small_expert_shape_with_the_cooperative_d_a(tmp_path):
     """Run 37's coop-da step: each small-expert shape by the rule, then with only the fused d_a kind
     (GEMM_NN_SWIGLU_BWD) forced to the cooperative 128x256 tile, variant 0."""
-    parse, configs = energy_probe()
-    specs = script_step("main_check_run37.sh", "coop-da-workloads", tmp_path)
-    parsed = [parse(s, configs) for s in specs]
-    assert len(parsed) == 6 and all(kind == "mok" for kind, _, _ in parsed), parsed
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and env0 == {} and c0["I"] <= 1536, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["0", "", ""], env1
+    shapes = forced_kind_pairs("main_check_run37.sh", "coop-da-workloads", tmp_path, kind=6, variant="0", n_pairs=3)
+    assert all(c["I"] <= 1536 for c in shapes), shapes
