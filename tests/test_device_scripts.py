@@ -215,3 +215,10 @@ def test_main_check_run37_coop_da_workloads_pair_each_small_expert_shape_with_th
     (GEMM_NN_SWIGLU_BWD) forced to the cooperative 128x256 tile, variant 0."""
     shapes = forced_kind_pairs("main_check_run37.sh", "coop-da-workloads", tmp_path, kind=6, variant="0", n_pairs=3)
     assert all(c["I"] <= 1536 for c in shapes), shapes
+
+
+def test_main_check_run38_da_coop_workloads_pair_issue13_shapes_and_olmoe_with_the_cooperative_d_a(tmp_path):
+    """Run 38's da-coop step: issue 13's four shapes and OLMoE-1B-7B by the rule, then with only the fused d_a kind
+    (GEMM_NN_SWIGLU_BWD) forced to the cooperative 128x256 tile, variant 0."""
+    shapes = forced_kind_pairs("main_check_run38.sh", "da-coop-workloads", tmp_path, kind=6, variant="0", n_pairs=5)
+    assert [(c["E"], c["S"]) for c in shapes] == [(128, 0), (64, 0), (32, 0), (8, 0), (64, 0)], shapes
