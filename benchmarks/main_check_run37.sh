@@ -26,17 +26,18 @@
 #   final    on an H200: the per-stage profile (run 28's `profile`), then issue 13's preset (one round); on any other
 #            card nothing;
 #   last     on an H200: `final`; on any other card the per-stage profile alone;
-#   coop-da  on an H200: `final`; on any other card whole steps (energy_probe.py, two interleaved rounds) of the
-#            small-expert shapes with the fused d_a GEMM by the rule (ping-pong 128x192, the loaded epilogue) and
-#            forced to the cooperative 128x256 tile (COOP_DA_WORKLOADS; N = I = 768 and 1536 are whole 256-column
-#            tiles, so the go rows are read by 3 and 6 column tiles instead of 4 and 8).
+#   coop-da  on an H200: `final`; on any other card `coop-da-steps`;
+#   coop-da-steps  whole steps (energy_probe.py, two interleaved rounds) of COOP_DA_SHAPES (default: the small-expert
+#            shapes) with the fused d_a GEMM by the rule (ping-pong 128x192, the loaded epilogue) and forced to the
+#            cooperative 128x256 tile (COOP_DA_WORKLOADS; N = I = 768 and 1536 are whole 256-column tiles, so the go
+#            rows are read by 3 and 6 column tiles instead of 4 and 8), on whatever card this is.
 # Usage (repo root, a library built from this tree, carried):
 #   MOK_FAST_LIB=$PWD/.build/b36main/libmok_fast.so BUDGET_S=570 bash benchmarks/main_check_run37.sh start
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STORE_WORKLOADS="mok:qwen3-30b-a3b mok:mid-64e@S0 mok:dsv3-ep8-slice@S0 mok:mixtral-8x7b mok:olmoe-1b-7b"
 source "$(dirname "$0")/workload_pairs.sh"
-COOP_DA_WORKLOADS=$(pairs +MOK_FAST_GEMM_VARIANT=,,,,,,0,, qwen3-30b-a3b mid-64e@S0 olmoe-1b-7b)
+COOP_DA_WORKLOADS=$(pairs +MOK_FAST_GEMM_VARIANT=,,,,,,0,, ${COOP_DA_SHAPES:-qwen3-30b-a3b mid-64e@S0 olmoe-1b-7b})
 STALL_SHAPES=${STALL_SHAPES:-"mixtral-8x7b dsv3-ep8-slice"}
 NCU_STALLS="ncu --clock-control none --kernel-name-base demangled -k regex:GateUpPair|SwigluBwd|KHalves --launch-skip 3
   --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats
@@ -110,9 +111,9 @@ for step in "$@"; do
           else BUDGET_S=$(left) bash benchmarks/main_check_run28.sh profile
                grep -E "wall time|cutlass" "$OUT/profile.log" | head -80; fi;;
     coop-da) echo "== coop-da ($(left) s left)"
-             if h200; then BUDGET_S=$(left) bash "$0" final
-             else timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py $COOP_DA_WORKLOADS --rounds 2 \
-                    --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_coop_da.log" | tail -16; fi;;
+             if h200; then BUDGET_S=$(left) bash "$0" final; else BUDGET_S=$(left) bash "$0" coop-da-steps; fi;;
+    coop-da-steps) timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py $COOP_DA_WORKLOADS --rounds 2 \
+                     --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_coop_da.log" | tail -16;;
     coop-da-workloads) echo $COOP_DA_WORKLOADS;;
     store-workloads) echo $STORE_WORKLOADS;;
     *) echo "unknown step $step"; exit 2;;
