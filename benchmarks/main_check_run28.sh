@@ -28,6 +28,7 @@ WORKLOADS="mok:olmoe-1b-7b mok:olmoe-1b-7b$DA_V2 mok:dsv3-ep8-slice@S0$DA_V2"
 CONFIGS=mixtral-8x7b,llama-4-scout,qwen1.5-moe-a2.7b,dbrx,mixtral-8x7b-t8000,mixtral-8x22b,phi-3.5-moe,gpt-oss-20b
 CONFIGS=$CONFIGS,deepseek-v2-lite,gpt-oss-120b,qwen3-30b-a3b,qwen3-30b-a3b-t12345,olmoe-1b-7b,granite-3.0-3b-a800m
 CONFIGS=$CONFIGS,qwen3-235b-a22b,deepseek-v2-lite-t1000,dsv3-ep8-slice,glm-4.5-air
+CONFIGS=$CONFIGS,qwen2-57b-a14b,qwen3-next-80b-a3b,deepseek-v2,grok-1  # added in run 39
 PEAK_CONFIGS=llama-4-scout,dbrx,phi-3.5-moe,glm-4.5-air,mixtral-8x22b,qwen3-235b-a22b,gpt-oss-120b,mixtral-8x7b
 MODULE_CONFIGS=mixtral-8x7b,qwen3-30b-a3b,olmoe-1b-7b,dsv3-ep8-slice,deepseek-v2-lite-t1000
 start=$(date +%s)

@@ -3,6 +3,8 @@ as energy_probe.py reads them and force only what the step compares, its configs
 diffs still apply, so a typo in a script cannot cost its device call."""
 import json
 
+import pytest
+
 from bench_scripts import BENCH, energy_probe, forced_kind_pairs, script_step
 
 
@@ -121,6 +123,20 @@ def test_stages_probe_diff_still_applies_to_this_tree():
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("diff", [
+    "pdl_run39.diff",     # programmatic dependent launch: main_check_run39.sh's pdl-ab step
+    "tile64_run39.diff",  # tile variant 5, ping-pong 64x256: its short-tiles step
+])
+def test_run39_diffs_still_apply_to_this_tree(diff):
+    """The changes run 39 measured and did not keep: main_check_run39.sh's steps need libraries built from main with
+    them applied."""
+    import subprocess
+
+    r = subprocess.run(["git", "apply", "--check", str(BENCH / diff)], capture_output=True, text=True,
+                       cwd=BENCH.parent)
+    assert r.returncode == 0, r.stderr
+
+
 def test_main_check_run33_gate_up_tiles_pair_each_shape_with_only_the_fused_gate_up_kind_forced(tmp_path):
     """Run 33's gu-tiles step: each few-large-expert shape twice, as the rule runs it and with only the fused gate/up
     + SwiGLU kind (MOK_FAST_GEMM_VARIANT's eighth entry) forced to the cooperative tile, variant 0."""
@@ -222,3 +238,50 @@ def test_main_check_run38_da_coop_workloads_pair_issue13_shapes_and_olmoe_with_t
     (GEMM_NN_SWIGLU_BWD) forced to the cooperative 128x256 tile, variant 0."""
     shapes = forced_kind_pairs("main_check_run38.sh", "da-coop-workloads", tmp_path, kind=6, variant="0", n_pairs=5)
     assert [(c["E"], c["S"]) for c in shapes] == [(128, 0), (64, 0), (32, 0), (8, 0), (64, 0)], shapes
+
+
+def test_main_check_run39_pdl_workloads_pair_issue13_shapes_and_olmoe_with_pdl_off(tmp_path):
+    """Run 39's pdl-ab step: issue 13's four shapes and OLMoE-1B-7B as the library launches them, each followed by
+    the same workload with MOK_FAST_PDL=0 and nothing else set."""
+    parse, configs = energy_probe()  # puts benchmarks/ on the path
+    from targets import TARGETS
+    specs = script_step("main_check_run39.sh", "pdl-workloads", tmp_path)
+    parsed = [parse(s, configs) for s in specs]
+    assert specs[::2] == [*TARGETS, "mok:olmoe-1b-7b"], specs
+    assert all(k == "mok" for k, _, _ in parsed), parsed
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and env0 == {} and env1 == {"MOK_FAST_PDL": "0"}, (c0, c1, env0, env1)
+
+
+def test_main_check_run39_new_shapes_are_suite_shapes_and_tile_workloads_force_only_row_tiled_kinds(tmp_path):
+    """Run 39's suite-new step names suite.json shapes; its next-tiles step runs Qwen3-Next-80B-A3B and DeepSeek-V2
+    by the rule and with the row-tiled kinds (forward, down, d_x, fused gate/up and d_a) cooperative, variant 0, the
+    weight gradients left to the rule; then Qwen3-Next with only the fused gate/up kind, then only the fused d_a
+    kind, cooperative."""
+    parse, configs = energy_probe()
+    from bench_moe import SUITE, load_configs
+    names = script_step("main_check_run39.sh", "new-shapes", tmp_path)[0].split(",")
+    assert set(names) <= {c["name"] for c in load_configs(SUITE)}, names
+    from mok.fast._lib import GEMM_KINDS, GEMM_NN_SWIGLU_BWD, GEMM_TN_SWIGLU_FWD, GEMM_TT_BF16, GEMM_TT_F32
+    parsed = [parse(s, configs) for s in script_step("main_check_run39.sh", "tile-workloads", tmp_path)]
+    assert [c["name"] for _, c, _ in parsed] == ["qwen3-next-80b-a3b"] * 2 + ["deepseek-v2"] * 2 + \
+        ["qwen3-next-80b-a3b"] * 2, parsed
+    forced = [env.get("MOK_FAST_GEMM_VARIANT", "").split(",") if env else None for _, _, env in parsed]
+    row_tiled = [("" if k in (GEMM_TT_F32, GEMM_TT_BF16) or k >= len(GEMM_KINDS) - 1 else "0")
+                 for k in range(len(GEMM_KINDS))]
+    only = lambda kind: ["0" if k == kind else "" for k in range(len(GEMM_KINDS))]  # noqa: E731
+    assert forced == [None, row_tiled, None, row_tiled, only(GEMM_TN_SWIGLU_FWD), only(GEMM_NN_SWIGLU_BWD)], forced
+    assert all(k == "mok" for k, _, _ in parsed)
+
+
+def test_main_check_run39_short_workloads_pair_each_shape_with_the_row_tiled_kinds_in_64_row_tiles(tmp_path):
+    """Run 39's short-tiles step: six suite shapes, each by the rule, then with the row-tiled kinds (forward, down,
+    d_x, fused gate/up and d_a) forced to variant 5 (ping-pong 64x256), the weight gradients left to the rule."""
+    parse, configs = energy_probe()
+    from mok.fast._lib import GEMM_KINDS, GEMM_TT_BF16, GEMM_TT_F32
+    parsed = [parse(s, configs) for s in script_step("main_check_run39.sh", "short-workloads", tmp_path)]
+    assert len(parsed) == 12 and all(k == "mok" for k, _, _ in parsed), parsed
+    row_tiled = [("" if k in (GEMM_TT_F32, GEMM_TT_BF16) or k >= len(GEMM_KINDS) - 1 else "5")
+                 for k in range(len(GEMM_KINDS))]
+    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
+        assert c0 == c1 and env0 == {} and env1["MOK_FAST_GEMM_VARIANT"].split(",") == row_tiled, (c0, env1)
