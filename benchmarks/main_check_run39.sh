@@ -12,12 +12,13 @@
 #              the row-tiled kinds forced to the cooperative 128x256 tile (all, or only the fused gate/up or d_a
 #              kind), then qwen3-next's per-stage profile;
 #   short-tiles with a library built from main + benchmarks/tile64_run39.diff (tile variant 5: ping-pong 64x256, 64-row
-#              tiles; measured in run 39 and not kept): whole steps (energy_probe.py,
-#              two interleaved rounds) of six shapes by the rule and with the row-tiled kinds forced to variant 5:
+#              tiles; measured in run 39 and not kept): whole steps (energy_probe.py, two interleaved rounds) of six
+#              shapes by the rule and with the row-tiled kinds forced to variant 5:
 #              many experts a pick (Qwen3-Next-80B-A3B, DeepSeek-V2, gpt-oss-120b, DeepSeek-V2-Lite at T = 1000: 94
 #              to 307 rows an expert) and two controls (Qwen3-30B-A3B, OLMoE-1B-7B: 1024 and 2048);
 #   h200       on an H200 only: run 38's settle (issue 13's preset, three rounds) and da-coop steps.
-# Printing step for the CPU check (tests/test_device_scripts.py): pdl-workloads.
+# Printing steps for the CPU checks (tests/test_device_scripts.py): pdl-workloads, new-shapes, tile-workloads,
+# short-workloads.
 # Usage (repo root, a build carried):
 #   MOK_FAST_LIB=$PWD/.build/b39pdl/libmok_fast.so BUDGET_S=420 bash benchmarks/main_check_run39.sh pdl-ab tests
 #   MOK_FAST_LIB=$PWD/.build/b39main/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run39.sh suite-new h200
@@ -50,7 +51,7 @@ for step in "$@"; do
               --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_pdl.log" | tail -14;;
     tests) echo "== tests ($(left) s left)"
            timeout $(( $(left) < 240 ? $(left) : 240 )) python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
-             | tee "$OUT/gpu_tests_pdl.log" | tail -3;;
+             | tee "$OUT/gpu_tests.log" | tail -3;;
     suite-new) echo "== suite-new ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
                timeout $(( $(left) < 240 ? $(left) : 240 )) python benchmarks/bench_moe.py --suite --weight-grads bf16 \
                  --methods mok,mok_gu,grouped_mm --configs $NEW_SHAPES 2>&1 | grep -v -i warn \
