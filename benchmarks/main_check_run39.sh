@@ -25,21 +25,14 @@
 #   MOK_FAST_LIB=$PWD/.build/b39t64/libmok_fast.so BUDGET_S=585 bash benchmarks/main_check_run39.sh short-tiles tests
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-PDL_WORKLOADS=""
-for s in mok:qwen3-30b-a3b mok:mid-64e@S0 mok:dsv3-ep8-slice@S0 mok:mixtral-8x7b mok:olmoe-1b-7b; do
-  PDL_WORKLOADS="$PDL_WORKLOADS $s $s+MOK_FAST_PDL=0"
-done
+source "$(dirname "$0")/workload_pairs.sh"
+PDL_WORKLOADS=$(pairs +MOK_FAST_PDL=0 qwen3-30b-a3b mid-64e@S0 dsv3-ep8-slice@S0 mixtral-8x7b olmoe-1b-7b)
 ROW_TILED_COOP=0,0,0,0,,,0,0,  # MOK_FAST_GEMM_VARIANT: the row-tiled kinds cooperative, the weight gradients by the rule
-TILE_WORKLOADS=""
-for s in mok:qwen3-next-80b-a3b mok:deepseek-v2; do
-  TILE_WORKLOADS="$TILE_WORKLOADS $s $s+MOK_FAST_GEMM_VARIANT=$ROW_TILED_COOP"
-done
+TILE_WORKLOADS="$(pairs +MOK_FAST_GEMM_VARIANT=$ROW_TILED_COOP qwen3-next-80b-a3b deepseek-v2)"
 TILE_WORKLOADS="$TILE_WORKLOADS mok:qwen3-next-80b-a3b+MOK_FAST_GEMM_VARIANT=,,,,,,,0, mok:qwen3-next-80b-a3b+MOK_FAST_GEMM_VARIANT=,,,,,,0,,"
 ROW_TILED_SHORT=5,5,5,5,,,5,5,  # the row-tiled kinds in 64-row tiles
-SHORT_WORKLOADS=""
-for s in qwen3-next-80b-a3b deepseek-v2 gpt-oss-120b deepseek-v2-lite-t1000 qwen3-30b-a3b olmoe-1b-7b; do
-  SHORT_WORKLOADS="$SHORT_WORKLOADS mok:$s mok:$s+MOK_FAST_GEMM_VARIANT=$ROW_TILED_SHORT"
-done
+SHORT_WORKLOADS=$(pairs +MOK_FAST_GEMM_VARIANT=$ROW_TILED_SHORT qwen3-next-80b-a3b deepseek-v2 gpt-oss-120b \
+                  deepseek-v2-lite-t1000 qwen3-30b-a3b olmoe-1b-7b)
 NEW_SHAPES=qwen2-57b-a14b,qwen3-next-80b-a3b,deepseek-v2,grok-1
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }

@@ -25,17 +25,30 @@ def script_step(script: str, step: str, tmp_path) -> list[str]:
     return r.stdout.split()
 
 
-def forced_kind_pairs(script: str, step: str, tmp_path, kind: int, variant: str, n_pairs: int):
+def row_tiled_kinds() -> tuple[int, ...]:
+    """The GEMM kinds whose rows are M (forward, down, d_x, the fused gate/up and d_a): all but the weight
+    gradients' (GEMM_TT_F32, GEMM_TT_BF16, GEMM_TT_F32_SMALL)."""
+    from mok.fast import _lib
+
+    return tuple(k for k in _lib.GEMM_KINDS.values()
+                 if k not in (_lib.GEMM_TT_F32, _lib.GEMM_TT_BF16, _lib.GEMM_TT_F32_SMALL))
+
+
+def forced_entries(kinds, variant: str) -> list[str]:
+    """MOK_FAST_GEMM_VARIANT's entries (MokGemmKind order) forcing each kind in `kinds` to `variant`, the rest empty."""
+    from mok.fast._lib import GEMM_KINDS
+
+    return [variant if k in kinds else "" for k in range(len(GEMM_KINDS))]
+
+
+def forced_kind_pairs(script: str, step: str, tmp_path, kind, variant: str, n_pairs: int):
     """The configs of `bash benchmarks/<script> <step>`'s workloads, checked to be `n_pairs` pairs of one mok
-    config: first as the rule runs it (nothing forced), then with only GEMM kind `kind` (MOK_FAST_GEMM_VARIANT's
-    entry in MokGemmKind order) forced to `variant`."""
+    config: first as the rule runs it (nothing forced), then with only GEMM kind `kind` (an int, or a tuple of
+    kinds; MOK_FAST_GEMM_VARIANT's entries in MokGemmKind order) forced to `variant`."""
     parse, configs = energy_probe()
     parsed = [parse(s, configs) for s in script_step(script, step, tmp_path)]
     assert len(parsed) == 2 * n_pairs and all(k == "mok" for k, _, _ in parsed), parsed
-    from mok.fast._lib import GEMM_KINDS
-
-    forced = [""] * len(GEMM_KINDS)
-    forced[kind] = variant
+    forced = forced_entries(kind if isinstance(kind, tuple) else (kind,), variant)
     for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
         assert c0 == c1 and env0 == {}, (c0, c1, env0)
         assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == forced, env1

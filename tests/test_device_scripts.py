@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bench_scripts import BENCH, energy_probe, forced_kind_pairs, script_step
+from bench_scripts import BENCH, energy_probe, forced_entries, forced_kind_pairs, row_tiled_kinds, script_step
 
 
 def _new_shapes_check_workloads(tmp_path, step: str):
@@ -113,23 +113,14 @@ def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
     assert env0 == {} and env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1
 
 
-def test_stages_probe_diff_still_applies_to_this_tree():
-    """benchmarks/stages_probe.sh patches a copy of csrc with stages_probe.diff: a change to csrc that the diff no
-    longer fits would stop the probe's build in a device session."""
-    import subprocess
-
-    r = subprocess.run(["git", "apply", "--check", str(BENCH / "stages_probe.diff")], capture_output=True,
-                       text=True, cwd=BENCH.parent)
-    assert r.returncode == 0, r.stderr
-
-
 @pytest.mark.parametrize("diff", [
-    "pdl_run39.diff",     # programmatic dependent launch: main_check_run39.sh's pdl-ab step
-    "tile64_run39.diff",  # tile variant 5, ping-pong 64x256: its short-tiles step
+    "stages_probe.diff",  # benchmarks/stages_probe.sh patches a copy of csrc with it
+    "pdl_run39.diff",     # programmatic dependent launch (run 39, not kept): main_check_run39.sh's pdl-ab step
+    "tile64_run39.diff",  # tile variant 5, ping-pong 64x256 (run 39, not kept): its short-tiles step
 ])
-def test_run39_diffs_still_apply_to_this_tree(diff):
-    """The changes run 39 measured and did not keep: main_check_run39.sh's steps need libraries built from main with
-    them applied."""
+def test_probe_diffs_still_apply_to_this_tree(diff):
+    """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
+    fits would stop such a build in a device session."""
     import subprocess
 
     r = subprocess.run(["git", "apply", "--check", str(BENCH / diff)], capture_output=True, text=True,
@@ -262,26 +253,21 @@ def test_main_check_run39_new_shapes_are_suite_shapes_and_tile_workloads_force_o
     from bench_moe import SUITE, load_configs
     names = script_step("main_check_run39.sh", "new-shapes", tmp_path)[0].split(",")
     assert set(names) <= {c["name"] for c in load_configs(SUITE)}, names
-    from mok.fast._lib import GEMM_KINDS, GEMM_NN_SWIGLU_BWD, GEMM_TN_SWIGLU_FWD, GEMM_TT_BF16, GEMM_TT_F32
+    from mok.fast._lib import GEMM_NN_SWIGLU_BWD, GEMM_TN_SWIGLU_FWD
     parsed = [parse(s, configs) for s in script_step("main_check_run39.sh", "tile-workloads", tmp_path)]
     assert [c["name"] for _, c, _ in parsed] == ["qwen3-next-80b-a3b"] * 2 + ["deepseek-v2"] * 2 + \
         ["qwen3-next-80b-a3b"] * 2, parsed
     forced = [env.get("MOK_FAST_GEMM_VARIANT", "").split(",") if env else None for _, _, env in parsed]
-    row_tiled = [("" if k in (GEMM_TT_F32, GEMM_TT_BF16) or k >= len(GEMM_KINDS) - 1 else "0")
-                 for k in range(len(GEMM_KINDS))]
-    only = lambda kind: ["0" if k == kind else "" for k in range(len(GEMM_KINDS))]  # noqa: E731
-    assert forced == [None, row_tiled, None, row_tiled, only(GEMM_TN_SWIGLU_FWD), only(GEMM_NN_SWIGLU_BWD)], forced
+    row_tiled = forced_entries(row_tiled_kinds(), "0")
+    assert forced == [None, row_tiled, None, row_tiled, forced_entries((GEMM_TN_SWIGLU_FWD,), "0"),
+                      forced_entries((GEMM_NN_SWIGLU_BWD,), "0")], forced
     assert all(k == "mok" for k, _, _ in parsed)
 
 
 def test_main_check_run39_short_workloads_pair_each_shape_with_the_row_tiled_kinds_in_64_row_tiles(tmp_path):
     """Run 39's short-tiles step: six suite shapes, each by the rule, then with the row-tiled kinds (forward, down,
     d_x, fused gate/up and d_a) forced to variant 5 (ping-pong 64x256), the weight gradients left to the rule."""
-    parse, configs = energy_probe()
-    from mok.fast._lib import GEMM_KINDS, GEMM_TT_BF16, GEMM_TT_F32
-    parsed = [parse(s, configs) for s in script_step("main_check_run39.sh", "short-workloads", tmp_path)]
-    assert len(parsed) == 12 and all(k == "mok" for k, _, _ in parsed), parsed
-    row_tiled = [("" if k in (GEMM_TT_F32, GEMM_TT_BF16) or k >= len(GEMM_KINDS) - 1 else "5")
-                 for k in range(len(GEMM_KINDS))]
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and env0 == {} and env1["MOK_FAST_GEMM_VARIANT"].split(",") == row_tiled, (c0, env1)
+    shapes = forced_kind_pairs("main_check_run39.sh", "short-workloads", tmp_path, kind=row_tiled_kinds(), variant="5",
+                               n_pairs=6)
+    assert [c["name"] for c in shapes] == ["qwen3-next-80b-a3b", "deepseek-v2", "gpt-oss-120b",
+                                           "deepseek-v2-lite-t1000", "qwen3-30b-a3b", "olmoe-1b-7b"], shapes
