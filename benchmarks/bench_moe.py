@@ -6,8 +6,10 @@ CUDA events (median of --reps after --warmup), and prints ms, TFLOP/s, ratio to 
 the bf16 peak measured in the same run (8192^3 matmul) and peak GPU memory.
 
 Usage: python benchmarks/bench_moe.py [--configs a,b] [--routings random,skewed] [--methods mok,grouped_mm,naive]
-       (method mok_gu: mok with gate and up passed as the halves of one [gate; up] tensor)
+       (method mok_gu: mok with gate and up passed as the halves of one [gate; up] tensor; method sonic: SonicMoE,
+       sonic_peer.py, on configs without a shared expert)
        python benchmarks/bench_moe.py --suite   (public model shapes of suite.json, mok vs grouped_mm, random routing)
+       [--no-shared]   (every config without its shared expert)
        [--timing stream]   (reps queued back to back instead of one at a time; see `timed`)
        python benchmarks/bench_moe.py --module   (mok.MoE vs the mok.fast layer vs a plain PyTorch module)
 """
@@ -29,6 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import mok.fast  # noqa: E402
 from baselines import grouped_mm_path, naive_loop  # noqa: E402
+from sonic_peer import sonic_forward, sonic_leaves  # noqa: E402
 from mok.harness.bits import rel_error  # noqa: E402
 from mok.harness.cases import MoEConfig, make_routing, with_stacked_gate_up  # noqa: E402
 from mok.harness.plain import moe_plain  # noqa: E402
@@ -107,14 +110,19 @@ class Method:
         self.name, self.inp, self.wgrad = name, inp, weight_grad_dtype
         if name == "mok_gu":  # gate and up as halves of one [gate; up] tensor (mok.MoE's fp32 casts, HF's gate_up_proj)
             self.inp = with_stacked_gate_up(inp)
-        if not name.startswith("mok"):
+        if name == "sonic":  # SonicMoE's layer on the same inputs, its own weight layout (sonic_peer.py)
+            self.leaves = sonic_leaves(inp)
+            self.fn = sonic_forward
+        elif not name.startswith("mok"):
             self.leaves = {k: (v.detach().clone().requires_grad_(True) if v is not None and v.is_floating_point()
                                else v) for k, v in inp.items() if k in ARGS}
             self.fn = grouped_mm_path if name == "grouped_mm" else naive_loop
 
     def inputs(self) -> list:
         """The tensors this method reads: mok's as passed (gate and up as one tensor for mok_gu), the baselines'
-        autograd leaves (clones of the inputs), and dy."""
+        autograd leaves (clones of the inputs; SonicMoE's in its layout), and dy."""
+        if self.name == "sonic":
+            return list(self.leaves.values()) + [self.inp["dy"]]
         src = self.inp if self.name.startswith("mok") else self.leaves
         return [src[a] for a in ARGS if src[a] is not None] + [self.inp["dy"]]
 
@@ -127,11 +135,16 @@ class Method:
             if isinstance(v, torch.Tensor):
                 v.grad = None
 
+    def _baseline(self) -> torch.Tensor:
+        if self.name == "sonic":
+            return self.fn(self.leaves)
+        return self.fn(*(self.leaves[a] for a in ARGS))
+
     def fwd(self):
         if self.name.startswith("mok"):
             return mok.fast.forward(*(self.inp[a] for a in ARGS))[0]
         with torch.no_grad():
-            return self.fn(*(self.leaves[a] for a in ARGS))
+            return self._baseline()
 
     def fwd_bwd(self):
         if self.name.startswith("mok"):
@@ -142,7 +155,7 @@ class Method:
         for v in self.leaves.values():
             if isinstance(v, torch.Tensor) and v.requires_grad:
                 v.grad = None
-        y = self.fn(*(self.leaves[a] for a in ARGS))
+        y = self._baseline()
         y.backward(self.inp["dy"])
         return y, self.leaves["x"].grad
 
@@ -216,6 +229,8 @@ def main() -> None:
     ap.add_argument("--suite", action="store_true",
                     help="the public model shapes of suite.json (Mixtral, Qwen3, OLMoE, DeepSeek, Phi-3.5-MoE, Granite, "
                          "GLM-4.5-Air), mok vs grouped_mm")
+    ap.add_argument("--no-shared", action="store_true",
+                    help="drop every config's shared expert (S = 0), as issue 13's table and SonicMoE's layer have it")
     ap.add_argument("--weight-grads", choices=["fp32", "bf16"], default="",
                     help="dtype of mok's weight gradients (default fp32; bf16 with --suite, like grouped_mm's "
                          "gradients of bf16 weights and like mok.MoE with bf16 parameters)")
@@ -233,6 +248,8 @@ def main() -> None:
         if unknown:
             ap.error(f"--configs: no config {', '.join(map(repr, unknown))} in {(SUITE if a.suite else CONFIGS).name}")
         configs = [by_name[n] for n in a.configs.split(",")]
+    if a.no_shared:
+        configs = [dict(c, S=0) for c in configs]
     methods = a.methods.split(",")
     peak = bf16_peak_tflops()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, commit {git_rev()}, "

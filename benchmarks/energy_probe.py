@@ -8,14 +8,16 @@ matmul: 2·8192³).
 Workloads: `matmul` (one 8192³ bf16 product: bench_moe's peak), `mok:<config>` (mok.fast fwd+bwd, gate and up
 as one tensor, bf16 weight gradients), `fused:<config>` / `unfused:<config>` (the same with
 MOK_FAST_FUSE_SWIGLU_BWD=1 / =0), `grouped_mm:<config>` (the grouped_mm path), `dense:<config>` (the step's
-products as dense cuBLAS matmuls of all its rows, `dense_floor.py`: a floor for GEMMs at cuBLAS's rate).
+products as dense cuBLAS matmuls of all its rows, `dense_floor.py`: a floor for GEMMs at cuBLAS's rate),
+`sonic:<config>` (SonicMoE's layer on the same inputs, `sonic_peer.py`; configs without a shared expert).
 `<config>@S0` drops the shared expert, `@balanced` routes every expert the same number of rows
 (`bench_moe.bench_routing`; not for `dense:`, which has no routing); `+VAR=VALUE` after it sets an environment
 variable for that workload's calls (e.g. `mok:qwen3-30b-a3b+MOK_FAST_GEMM_VARIANT=2`). CUDA only.
 
 `--rounds N` runs the list N times, every second round in reverse order (so that a drift of the GPU's state
 over the call weighs on every workload alike), and ends with each workload's median and range over the rounds.
-`--preset issue13` runs the matmul and the four shapes of issue 13 and ends with its targets (`targets.py`).
+`--preset issue13` runs the matmul and the four shapes of issue 13 and ends with its targets (`targets.py`);
+`--preset issue13-sonic` also runs SonicMoE on each shape and ends with mok against it, side by side.
 
 Usage: python benchmarks/energy_probe.py [workload ...] [--preset issue13] [--seconds 4] [--cool 2] [--rounds 1]
 """
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dense_floor import dense_products, dense_step  # noqa: E402
 from bench_moe import CONFIGS, SUITE, Method, load_configs, make_bench_inputs, timed  # noqa: E402
 from mok.fast import _tiles  # noqa: E402
-from targets import PRESET, target_rows  # noqa: E402
+from targets import PRESETS, side_by_side_rows, target_rows  # noqa: E402
 
 DEFAULT = ["matmul", "mok:qwen3-30b-a3b", "grouped_mm:qwen3-30b-a3b", "mok:mixtral-8x7b", "matmul"]
 
@@ -69,7 +71,7 @@ class Nvml:
         return v.value
 
 
-KINDS = ("mok", "fused", "unfused", "grouped_mm", "dense")
+KINDS = ("mok", "fused", "unfused", "grouped_mm", "dense", "sonic")
 
 
 def parse_workload(spec: str, configs: dict) -> tuple[str, dict | None, dict]:
@@ -94,6 +96,8 @@ def parse_workload(spec: str, configs: dict) -> tuple[str, dict | None, dict]:
         c["S"] = 0
     if kind == "dense" and "balanced" in tails:
         raise ValueError(f"workload {spec!r}: a dense floor has no routing to balance")
+    if kind == "sonic" and c["S"]:
+        raise ValueError(f"workload {spec!r}: SonicMoE's layer has no shared expert; add '@S0'")
     if kind in ("fused", "unfused"):
         env[_tiles.FUSE_ENV] = "1" if kind == "fused" else "0"
     return kind, c, env
@@ -110,7 +114,7 @@ def workload(spec: str, configs: dict):
     if kind == "dense":
         return dense_step(dense_products(c)), flops
     inputs = make_bench_inputs(c, c["routing"])
-    meth = Method("grouped_mm" if kind == "grouped_mm" else "mok_gu", inputs, torch.bfloat16)
+    meth = Method(kind if kind in ("grouped_mm", "sonic") else "mok_gu", inputs, torch.bfloat16)
 
     def fn():
         saved = {k: os.environ.get(k) for k in env}
@@ -175,13 +179,14 @@ def summarize(results: list[tuple[str, dict]]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workloads", nargs="*")
-    ap.add_argument("--preset", choices=("issue13",), help="issue 13's workloads (after any given), and its targets")
+    ap.add_argument("--preset", choices=tuple(PRESETS),
+                    help="issue 13's workloads (after any given), and its targets; issue13-sonic: SonicMoE beside them")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--cool", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
     if a.preset:
-        a.workloads = a.workloads + PRESET
+        a.workloads = a.workloads + PRESETS[a.preset]
     a.workloads = a.workloads or DEFAULT
     configs = {x["name"]: x for x in load_configs(CONFIGS) + load_configs(SUITE)}
     for spec in a.workloads:  # every spec checked before the first one runs
@@ -213,6 +218,10 @@ def main() -> None:
     if a.preset:
         print("\nissue 13's targets (benchmarks/targets.py):")
         print("\n".join(target_rows(results, flops_of)))
+        side = side_by_side_rows(results)
+        if side:
+            print("\nmok against SonicMoE measured in this call (burst medians):")
+            print("\n".join(side))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ issue compares percentages of each run's own peak, so the ratio here is (mok's b
 burst TFLOP/s) / (SonicMoE's TFLOP/s / 786). Targets: at least 1.1x that ratio on every shape; at least 80% of the
 peak on mid-64e, the DeepSeek-V3 slice and Mixtral-8x7B, 70% on Qwen3-30B-A3B.
 
+`side_by_side_rows` compares with SonicMoE measured in the same call instead (`sonic:<shape>` workloads,
+`--preset issue13-sonic`): the ratio of the two burst times on the same card, same inputs.
+
 Usage: python benchmarks/energy_probe.py --preset issue13 (prints this table after its own).
 """
 from __future__ import annotations
@@ -23,6 +26,8 @@ TARGETS = {
 }
 RATIO = 1.1
 PRESET = ["matmul", *TARGETS, "matmul"]
+SONIC = {spec: "sonic:" + spec.partition(":")[2] for spec in TARGETS}  # the same shape, SonicMoE's layer
+PRESETS = {"issue13": PRESET, "issue13-sonic": ["matmul", *TARGETS, *SONIC.values(), "matmul"]}
 
 
 def target_rows(results: list[tuple[str, dict]], flops: dict[str, float]) -> list[str]:
@@ -47,3 +52,22 @@ def target_rows(results: list[tuple[str, dict]], flops: dict[str, float]) -> lis
                     f"{'met' if 100 * share >= want else 'not met'}) | {100 * sonic_share:.0f}% | {ratio:.2f}x "
                     f"({'met' if ratio >= RATIO else 'not met'}) |")
     return rows
+
+
+def side_by_side_rows(results: list[tuple[str, dict]]) -> list[str]:
+    """Markdown rows, one per TARGETS shape that `results` holds both for mok and for SonicMoE (`SONIC`): the median
+    burst ms of each (any rounds) and SonicMoE's time over mok's, the issue's 1.1x measured side by side. [] when no
+    shape has both."""
+    rows = []
+    for spec, sonic_spec in SONIC.items():
+        mok_ms = [r["burst_ms"] for s, r in results if s == spec]
+        sonic_ms = [r["burst_ms"] for s, r in results if s == sonic_spec]
+        if not (mok_ms and sonic_ms):
+            continue
+        m, o = statistics.median(mok_ms), statistics.median(sonic_ms)
+        rows.append(f"| {spec.partition(':')[2]} | {m:.2f} | {o:.2f} | {o / m:.2f}x "
+                    f"({'met' if o / m >= RATIO else 'not met'}) |")
+    if not rows:
+        return []
+    return ["| shape | mok burst ms | SonicMoE burst ms | SonicMoE ms / mok ms (target 1.1x) |", "|---|---|---|---|",
+            *rows]

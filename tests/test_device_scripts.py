@@ -271,3 +271,15 @@ def test_main_check_run39_short_workloads_pair_each_shape_with_the_row_tiled_kin
                                n_pairs=6)
     assert [c["name"] for c in shapes] == ["qwen3-next-80b-a3b", "deepseek-v2", "gpt-oss-120b",
                                            "deepseek-v2-lite-t1000", "qwen3-30b-a3b", "olmoe-1b-7b"], shapes
+
+
+def test_main_check_run40_sonic_shapes_with_mixtral_are_issue13_s_four(tmp_path):
+    """Run 40's sonic-check step: bench_moe.py on configs.json's shapes it names (plus suite.json's Mixtral-8x7B),
+    --no-shared: together the four layers of issue 13's targets, so SonicMoE's checked run covers each one."""
+    parse, configs = energy_probe()
+    from bench_moe import CONFIGS, load_configs
+    from targets import TARGETS
+    names = script_step("main_check_run40.sh", "sonic-shapes", tmp_path)[0].split(",")
+    assert set(names) <= {c["name"] for c in load_configs(CONFIGS)}, names
+    want = {parse(s, configs)[1]["name"] for s in TARGETS}
+    assert set(names) | {"mixtral-8x7b"} == want, names

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Run 40's device calls: SonicMoE measured beside mok, same card, same inputs (benchmarks/sonic_peer.py). Steps, each
+# logged under $OUT, each given what is left of BUDGET_S (seconds, default 560):
+#   sonic-check  bench_moe.py on issue 13's four shapes without shared experts: mok (gate and up as one tensor),
+#                SonicMoE and the grouped_mm path, bf16 weight gradients; each method's y and d_x checked against the
+#                fp32 oracle before it is timed. SonicMoE's kernels compile (and autotune) on their first call here;
+#   sonic-side   energy_probe.py --preset issue13-sonic in two interleaved rounds: issue 13's targets, then mok's burst
+#                time against SonicMoE's measured in the same call;
+#   sonic-cache  SonicMoE's compiled kernels and autotuning results (QUACK_CACHE_DIR, CUTE_DSL_CACHE_DIR under
+#                /tmp/sonic_cache), packed into $OUT as sonic_cache.tar.xz.partNN (15 MiB each) for a later call to
+#                carry as .sonic/ (cat .sonic/sonic_cache.tar.xz.part* | tar -xJ, done here when they are there);
+#   suite-new    run 39's step: bench_moe.py --suite on the four shapes suite.json gained in run 39 (on any card).
+# Needs .sonic/site.tar.xz (bash benchmarks/sonic_wheels.sh) carried; it is unpacked into /tmp/site once.
+# Printing step for the CPU checks (tests/test_device_scripts.py): sonic-shapes.
+# Usage (repo root, a build carried):
+#   MOK_FAST_LIB=$PWD/.build/b39main/libmok_fast.so BUDGET_S=580 bash benchmarks/main_check_run40.sh sonic-check \
+#     sonic-side sonic-cache
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:${PYTHONPATH:-}
+export QUACK_CACHE_DIR=/tmp/sonic_cache/quack CUTE_DSL_CACHE_DIR=/tmp/sonic_cache/cute
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+SONIC_SHAPES=qwen3-30b-a3b,mid-64e,dsv3-ep8-slice  # configs.json's; mixtral-8x7b is suite.json's
+start=$(date +%s)
+left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
+unpack() {
+  [ -d /tmp/site/sonicmoe ] || { mkdir -p /tmp/site && tar -C /tmp/site -xJf .sonic/site.tar.xz; } || return 1
+  if ls .sonic/sonic_cache.tar.xz.part* >/dev/null 2>&1 && [ ! -d /tmp/sonic_cache ]; then
+    mkdir -p /tmp/sonic_cache && cat .sonic/sonic_cache.tar.xz.part* | tar -C /tmp/sonic_cache -xJ
+  fi
+  mkdir -p "$QUACK_CACHE_DIR" "$CUTE_DSL_CACHE_DIR"
+}
+for step in "$@"; do
+  case $step in
+    sonic-check) echo "== sonic-check ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+                 unpack || { echo "sonic-check: no .sonic/site.tar.xz to unpack"; exit 1; }
+                 python -c "import sonicmoe, quack, cutlass; from importlib.metadata import version as v; \
+print(*(f'{p} {v(p)}' for p in ('sonic-moe', 'quack-kernels', 'nvidia-cutlass-dsl-libs-cu13', 'torch')))" 2>&1 | tail -3
+                 for args in "--configs $SONIC_SHAPES --routings random" "--suite --configs mixtral-8x7b"; do
+                   timeout $(( $(left) < 300 ? $(left) : 300 )) python benchmarks/bench_moe.py $args --no-shared \
+                     --weight-grads bf16 --methods mok_gu,sonic,grouped_mm 2>&1 | grep -v -i warn \
+                     | tee -a "$OUT/sonic_check.log" | grep -E "^  |CHECK|Error|error" | head -20
+                 done;;
+    sonic-side) echo "== sonic-side ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; unpack
+                timeout $(( $(left) - 20 )) python benchmarks/energy_probe.py --preset issue13-sonic --rounds 2 \
+                  --seconds 3 --cool 1.5 2>&1 | grep -v -i warn | tee "$OUT/energy_sonic.log" | tail -24;;
+    sonic-cache) echo "== sonic-cache"; du -sh /tmp/sonic_cache 2>/dev/null
+                 tar -C /tmp/sonic_cache -cf - . | xz -6 -T8 | split -b 15M -d - "$OUT/sonic_cache.tar.xz.part"
+                 ls -l "$OUT"/sonic_cache.tar.xz.part*;;
+    suite-new) BUDGET_S=$(left) bash benchmarks/main_check_run39.sh suite-new;;
+    sonic-shapes) echo $SONIC_SHAPES;;
+    *) echo "unknown step $step"; exit 2;;
+  esac
+  case $step in sonic-shapes) ;; *) date -u;; esac
+done
