@@ -4,6 +4,8 @@
 #   sonic-check  bench_moe.py on issue 13's four shapes without shared experts: mok (gate and up as one tensor),
 #                SonicMoE and the grouped_mm path, bf16 weight gradients; each method's y and d_x checked against the
 #                fp32 oracle before it is timed. SonicMoE's kernels compile (and autotune) on their first call here;
+#   sonic-warm   sonic_check.py on the four shapes: SonicMoE's first call on each (compile, autotune; the seconds it
+#                took) and its y and d_x against the fp32 oracle, without timing mok or the grouped_mm path;
 #   sonic-side   energy_probe.py --preset issue13-sonic in two interleaved rounds: issue 13's targets, then mok's burst
 #                time against SonicMoE's measured in the same call;
 #   sonic-cache  SonicMoE's compiled kernels and autotuning results (QUACK_CACHE_DIR, CUTE_DSL_CACHE_DIR under
@@ -15,8 +17,9 @@
 # Usage (repo root, a build carried):
 #   MOK_FAST_LIB=$PWD/.build/b39main/libmok_fast.so BUDGET_S=580 bash benchmarks/main_check_run40.sh sonic-check \
 #     sonic-side sonic-cache
+#   BUDGET_S=580 bash benchmarks/main_check_run40.sh sonic-warm sonic-cache   (then sonic-side, the cache carried)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:${PYTHONPATH:-}
-export QUACK_CACHE_DIR=/tmp/sonic_cache/quack CUTE_DSL_CACHE_DIR=/tmp/sonic_cache/cute
+export QUACK_CACHE_DIR=/tmp/sonic_cache/quack CUTE_DSL_CACHE_DIR=/tmp/sonic_cache/cute QUACK_COMPILE_WORKERS=16
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SONIC_SHAPES=qwen3-30b-a3b,mid-64e,dsv3-ep8-slice  # configs.json's; mixtral-8x7b is suite.json's
 start=$(date +%s)
@@ -39,6 +42,9 @@ print(*(f'{p} {v(p)}' for p in ('sonic-moe', 'quack-kernels', 'nvidia-cutlass-ds
                      --weight-grads bf16 --methods mok_gu,sonic,grouped_mm 2>&1 | grep -v -i warn \
                      | tee -a "$OUT/sonic_check.log" | grep -E "^  |CHECK|Error|error" | head -20
                  done;;
+    sonic-warm) echo "== sonic-warm ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; unpack
+                timeout $(( $(left) - 40 < 380 ? $(left) - 40 : 380 )) python benchmarks/sonic_check.py $SONIC_SHAPES,mixtral-8x7b 2>&1 \
+                  | grep -v -i warn | tee "$OUT/sonic_warm.log" | tail -6;;
     sonic-side) echo "== sonic-side ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; unpack
                 timeout $(( $(left) - 20 )) python benchmarks/energy_probe.py --preset issue13-sonic --rounds 2 \
                   --seconds 3 --cool 1.5 2>&1 | grep -v -i warn | tee "$OUT/energy_sonic.log" | tail -24;;

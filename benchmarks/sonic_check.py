@@ -1,0 +1,45 @@
+"""SonicMoE's first call on each shape (its kernels compile and autotune then), and its y and d_x against the fp32
+oracle: so a side-by-side timing (`energy_probe.py --preset issue13-sonic`) later times a checked layer, from the
+compile cache. Configs run without their shared expert (SonicMoE's layer has none).
+
+Usage: python benchmarks/sonic_check.py qwen3-30b-a3b,mid-64e,dsv3-ep8-slice,mixtral-8x7b
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_moe import CONFIGS, SUITE, Method, load_configs, make_bench_inputs, oracle  # noqa: E402
+from mok.harness.bits import rel_error  # noqa: E402
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    configs = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
+    names = sys.argv[1].split(",")
+    unknown = [n for n in names if n not in configs]
+    if unknown:
+        sys.exit(f"configs: no config {', '.join(map(repr, unknown))} in configs.json or suite.json")
+    for name in names:
+        inp = make_bench_inputs(dict(configs[name], S=0), "random")
+        y_ref, dx_ref = oracle(inp)
+        meth = Method("sonic", inp)
+        t0 = time.time()
+        y, dx = meth.fwd_bwd()
+        torch.cuda.synchronize()
+        first_s = time.time() - t0
+        ey, edx = rel_error(y, y_ref), rel_error(dx, dx_ref)
+        verdict = "ok" if ey < 2e-2 and edx < 2e-2 else "CHECK FAILED"
+        print(f"{name}: first call {first_s:.0f} s (compile, autotune), y err {ey:.1e}, d_x err {edx:.1e}: {verdict}",
+              flush=True)
+        del inp, y_ref, dx_ref, meth, y, dx
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
