@@ -47,7 +47,7 @@ print(*(f'{p} {v(p)}' for p in ('sonic-moe', 'quack-kernels', 'nvidia-cutlass-ds
                   | grep -v -i warn | tee "$OUT/sonic_warm.log" | tail -6;;
     sonic-side) echo "== sonic-side ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; unpack
                 timeout $(( $(left) - 20 )) python benchmarks/energy_probe.py --preset issue13-sonic --rounds 2 \
-                  --seconds 3 --cool 1.5 2>&1 | grep -v -i warn | tee "$OUT/energy_sonic.log" | tail -24;;
+                  --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_sonic.log" | tail -24;;
     sonic-cache) echo "== sonic-cache"; du -sh /tmp/sonic_cache 2>/dev/null
                  tar -C /tmp/sonic_cache -cf - . | xz -6 -T8 | split -b 15M -d - "$OUT/sonic_cache.tar.xz.part"
                  ls -l "$OUT"/sonic_cache.tar.xz.part*;;
