@@ -8,6 +8,8 @@
 #                took) and its y and d_x against the fp32 oracle, without timing mok or the grouped_mm path;
 #   sonic-side   energy_probe.py --preset issue13-sonic in two interleaved rounds: issue 13's targets, then mok's burst
 #                time against SonicMoE's measured in the same call;
+#   sonic-profile profile_peers.py on the four shapes: each kernel of one mok step and one SonicMoE step, in launch
+#                order (torch.profiler), where the two spend their time;
 #   sonic-cache  SonicMoE's compiled kernels and autotuning results (QUACK_CACHE_DIR, CUTE_DSL_CACHE_DIR under
 #                /tmp/sonic_cache), packed into $OUT as sonic_cache.tar.xz.partNN (15 MiB each) for a later call to
 #                carry as .sonic/ (cat .sonic/sonic_cache.tar.xz.part* | tar -xJ, done here when they are there);
@@ -48,6 +50,10 @@ print(*(f'{p} {v(p)}' for p in ('sonic-moe', 'quack-kernels', 'nvidia-cutlass-ds
     sonic-side) echo "== sonic-side ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; unpack
                 timeout $(( $(left) - 20 )) python benchmarks/energy_probe.py --preset issue13-sonic --rounds 2 \
                   --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_sonic.log" | tail -24;;
+    sonic-profile) echo "== sonic-profile ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; unpack
+                   timeout $(( $(left) < 200 ? $(left) : 200 )) python benchmarks/profile_peers.py \
+                     $SONIC_SHAPES,mixtral-8x7b 2>&1 | grep -v -i warn > "$OUT/profile_peers.log"
+                   grep -E "kernels," "$OUT/profile_peers.log";;
     sonic-cache) echo "== sonic-cache"; du -sh /tmp/sonic_cache 2>/dev/null
                  tar -C /tmp/sonic_cache -cf - . | xz -6 -T8 | split -b 15M -d - "$OUT/sonic_cache.tar.xz.part"
                  ls -l "$OUT"/sonic_cache.tar.xz.part*;;

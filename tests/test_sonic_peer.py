@@ -94,3 +94,10 @@ def test_side_by_side_rows_give_sonicmoe_s_time_over_mok_s():
     assert side_by_side_rows([("mok:mixtral-8x7b", {"burst_ms": 20.0}), ("sonic:mixtral-8x7b", {"burst_ms": 21.0})]
                              )[2:] == ["| mixtral-8x7b | 20.00 | 21.00 | 1.05x (not met) |"]
     assert side_by_side_rows(results[-2:]) == []
+
+
+def test_profile_peers_names_kernels_without_their_arguments():
+    from profile_peers import kernel_name
+
+    assert kernel_name("void (anonymous namespace)::combine_rows_k<true>(float const*, int)") == "combine_rows_k<true>"
+    assert kernel_name("kernel_cutlass_" + "x" * 200 + "(int)") == ("kernel_cutlass_" + "x" * 200)[:100]
