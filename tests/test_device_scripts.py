@@ -117,6 +117,7 @@ def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
     "stages_probe.diff",  # benchmarks/stages_probe.sh patches a copy of csrc with it
     "pdl_run39.diff",     # programmatic dependent launch (run 39, not kept): main_check_run39.sh's pdl-ab step
     "tile64_run39.diff",  # tile variant 5, ping-pong 64x256 (run 39, not kept): its short-tiles step
+    "tall_tile_run40.diff",  # tile variant 5, cooperative 256x128 in 1x2 clusters (run 40, built, not yet measured)
 ])
 def test_probe_diffs_still_apply_to_this_tree(diff):
     """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
@@ -283,3 +284,14 @@ def test_main_check_run40_sonic_shapes_with_mixtral_are_issue13_s_four(tmp_path)
     assert set(names) <= {c["name"] for c in load_configs(CONFIGS)}, names
     want = {parse(s, configs)[1]["name"] for s in TARGETS}
     assert set(names) | {"mixtral-8x7b"} == want, names
+
+
+def test_main_check_run40_tall_workloads_pair_issue13_shapes_with_down_and_d_x_in_variant_5(tmp_path):
+    """Run 40's tall-ab step: issue 13's four shapes, each by the rule, then with only the down (TN_BF16) and d_x
+    (NN_BF16) kinds forced to variant 5 (cooperative 256x128 in 1x2 clusters)."""
+    from mok.fast._lib import GEMM_NN_BF16, GEMM_TN_BF16
+    from targets import TARGETS
+    shapes = forced_kind_pairs("main_check_run40.sh", "tall-workloads", tmp_path, kind=(GEMM_TN_BF16, GEMM_NN_BF16),
+                               variant="5", n_pairs=4)
+    parse, configs = energy_probe()
+    assert shapes == [parse(s, configs)[1] for s in TARGETS]

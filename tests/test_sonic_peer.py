@@ -90,7 +90,8 @@ def test_side_by_side_rows_give_sonicmoe_s_time_over_mok_s():
                ("mok:mixtral-8x7b", {"burst_ms": 20.0}), ("sonic:mixtral-8x7b", {"burst_ms": 22.0}),  # 1.10: met
                ("mok:mid-64e@S0", {"burst_ms": 9.0}), ("matmul", {"burst_ms": 1.0})]  # no SonicMoE run: no row
     rows = side_by_side_rows(results)
-    assert rows[2:] == ["| qwen3-30b-a3b | 6.00 | 7.00 | 1.17x (met) |", "| mixtral-8x7b | 20.00 | 22.00 | 1.10x (met) |"]
+    assert rows[2:] == ["| qwen3-30b-a3b | 6.00 | 7.00 | 1.17x (met) |",
+                        "| mixtral-8x7b | 20.00 | 22.00 | 1.10x (met) |"]
     assert side_by_side_rows([("mok:mixtral-8x7b", {"burst_ms": 20.0}), ("sonic:mixtral-8x7b", {"burst_ms": 21.0})]
                              )[2:] == ["| mixtral-8x7b | 20.00 | 21.00 | 1.05x (not met) |"]
     assert side_by_side_rows(results[-2:]) == []
