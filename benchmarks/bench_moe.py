@@ -187,6 +187,13 @@ def losses(rows: list[dict]) -> list[str]:
             f"mok's peak memory above a peer's on: {', '.join(bigger) or 'none'}"]
 
 
+def mok_row(rows: list[dict], r: dict) -> dict | None:
+    """The row the ratio column divides by for row `r`: mok's of the same config and routing, or mok_gu's when mok
+    was not run; None when neither was."""
+    same = [q for q in rows if (q["config"], q["routing"]) == (r["config"], r["routing"])]
+    return next((q for name in ("mok", "mok_gu") for q in same if q["method"] == name), None)
+
+
 def oracle(inp: dict):
     """fp32 plain implementation (per-expert matmuls, TF32 off): y and d_x."""
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -305,8 +312,7 @@ def main() -> None:
           f"| time ratio mok/this (fwd / fwd+bwd) | peak GiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        mk = next((q for q in rows if q["config"] == r["config"] and q["routing"] == r["routing"]
-                   and q["method"] == "mok"), None)
+        mk = mok_row(rows, r)
         sp = f"{mk['fwd_ms'] / r['fwd_ms']:.2f} / {mk['fb_ms'] / r['fb_ms']:.2f}" if mk else "-"
         print(f"| {r['config']} | {r['routing']} | {r['method']} | {r['fwd_ms']:.2f} | {r['fb_ms']:.2f} | "
               f"{r['fb_tflops']:.0f} | {100 * r['fb_tflops'] / peak:.0f}% | {sp} | {r['peak_gib']:.2f} |")

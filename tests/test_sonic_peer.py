@@ -102,3 +102,15 @@ def test_profile_peers_names_kernels_without_their_arguments():
 
     assert kernel_name("void (anonymous namespace)::combine_rows_k<true>(float const*, int)") == "combine_rows_k<true>"
     assert kernel_name("kernel_cutlass_" + "x" * 200 + "(int)") == ("kernel_cutlass_" + "x" * 200)[:100]
+
+
+def test_bench_moe_ratio_column_divides_by_mok_or_else_mok_gu():
+    """bench_moe's table: the ratio column is mok's time over each method's; with only mok_gu run (as beside SonicMoE)
+    it is mok_gu's, not '-'."""
+    from bench_moe import mok_row
+
+    row = lambda m, c="a": {"config": c, "routing": "random", "method": m}  # noqa: E731
+    rows = [row("mok_gu"), row("sonic"), row("mok"), row("mok_gu", "b"), row("sonic", "b"), row("sonic", "c")]
+    assert mok_row(rows, rows[1]) is rows[2]      # mok wins where both ran
+    assert mok_row(rows, rows[4]) is rows[3]      # mok_gu where mok did not run
+    assert mok_row(rows, rows[5]) is None         # neither: the column prints '-'
