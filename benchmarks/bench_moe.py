@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import mok.fast  # noqa: E402
 from baselines import grouped_mm_path, naive_loop  # noqa: E402
-from sonic_peer import sonic_forward, sonic_leaves  # noqa: E402
+from sonic_peer import require_sonic, sonic_forward, sonic_leaves  # noqa: E402
 from mok.harness.bits import rel_error  # noqa: E402
 from mok.harness.cases import MoEConfig, make_routing, with_stacked_gate_up  # noqa: E402
 from mok.harness.plain import moe_plain  # noqa: E402
@@ -258,6 +258,8 @@ def main() -> None:
     if a.no_shared:
         configs = [dict(c, S=0) for c in configs]
     methods = a.methods.split(",")
+    if "sonic" in methods:
+        require_sonic("--methods sonic")
     peak = bf16_peak_tflops()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, commit {git_rev()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")

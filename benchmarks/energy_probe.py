@@ -19,7 +19,8 @@ over the call weighs on every workload alike), and ends with each workload's med
 `--preset issue13` runs the matmul and the four shapes of issue 13 and ends with its targets (`targets.py`);
 `--preset issue13-sonic` also runs SonicMoE on each shape and ends with mok against it, side by side.
 
-Usage: python benchmarks/energy_probe.py [workload ...] [--preset issue13] [--seconds 4] [--cool 2] [--rounds 1]
+Usage: python benchmarks/energy_probe.py [workload ...] [--preset issue13|issue13-sonic] [--seconds 4] [--cool 2]
+       [--rounds 1]
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dense_floor import dense_products, dense_step  # noqa: E402
 from bench_moe import CONFIGS, SUITE, Method, load_configs, make_bench_inputs, timed  # noqa: E402
 from mok.fast import _tiles  # noqa: E402
+from sonic_peer import require_sonic  # noqa: E402
 from targets import PRESETS, side_by_side_rows, target_rows  # noqa: E402
 
 DEFAULT = ["matmul", "mok:qwen3-30b-a3b", "grouped_mm:qwen3-30b-a3b", "mok:mixtral-8x7b", "matmul"]
@@ -190,7 +192,8 @@ def main() -> None:
     a.workloads = a.workloads or DEFAULT
     configs = {x["name"]: x for x in load_configs(CONFIGS) + load_configs(SUITE)}
     for spec in a.workloads:  # every spec checked before the first one runs
-        parse_workload(spec, configs)
+        if parse_workload(spec, configs)[0] == "sonic":
+            require_sonic(f"workload {spec!r}")
     order = round_order(a.workloads, a.rounds)
     nvml = Nvml()
     print(f"{torch.cuda.get_device_name()}; steady = calls back to back after the first of {a.seconds} s; "

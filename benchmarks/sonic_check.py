@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_moe import CONFIGS, SUITE, Method, load_configs, make_bench_inputs, oracle  # noqa: E402
 from mok.harness.bits import rel_error  # noqa: E402
+from sonic_peer import require_sonic  # noqa: E402
 
 
 def main() -> None:
@@ -25,6 +26,7 @@ def main() -> None:
     unknown = [n for n in names if n not in configs]
     if unknown:
         sys.exit(f"configs: no config {', '.join(map(repr, unknown))} in configs.json or suite.json")
+    require_sonic("sonic_check.py")
     for name in names:
         inp = make_bench_inputs(dict(configs[name], S=0), "random")
         y_ref, dx_ref = oracle(inp)

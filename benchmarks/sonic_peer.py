@@ -15,8 +15,18 @@ they are copied into that once. It has no shared expert: a config with S > 0 is 
 """
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.nn.functional as F
+
+
+def require_sonic(what: str) -> None:
+    """Before anything runs: RuntimeError naming `what` (the option or workload asking for SonicMoE) when the
+    `sonicmoe` package cannot be imported here."""
+    if importlib.util.find_spec("sonicmoe") is None:
+        raise RuntimeError(f"{what}: SonicMoE (the sonicmoe package) is not importable here; "
+                           "`bash benchmarks/sonic_wheels.sh` packs it with what it needs (see its header)")
 
 
 def sonic_leaves(inp: dict) -> dict:

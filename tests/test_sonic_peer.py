@@ -114,3 +114,21 @@ def test_bench_moe_ratio_column_divides_by_mok_or_else_mok_gu():
     assert mok_row(rows, rows[1]) is rows[2]      # mok wins where both ran
     assert mok_row(rows, rows[4]) is rows[3]      # mok_gu where mok did not run
     assert mok_row(rows, rows[5]) is None         # neither: the column prints '-'
+
+
+def test_asking_for_sonicmoe_where_it_is_missing_fails_before_anything_runs(monkeypatch):
+    """energy_probe.py with a sonic: workload, on a machine without sonicmoe, stops at the spec check with the
+    workload named (no matmul or mok workload runs first); require_sonic passes where the package is found."""
+    import importlib.util
+    import subprocess
+
+    import sonic_peer
+    if importlib.util.find_spec("sonicmoe") is not None:
+        pytest.skip("sonicmoe is installed here")
+    r = subprocess.run([sys.executable, str(BENCH / "energy_probe.py"), "matmul", "sonic:mixtral-8x7b"],
+                       capture_output=True, text=True, cwd=BENCH.parent)
+    assert r.returncode != 0 and "workload 'sonic:mixtral-8x7b': SonicMoE (the sonicmoe package) is not importable" \
+        in r.stderr, r.stderr[-2000:]
+    assert "| matmul" not in r.stdout
+    monkeypatch.setattr(sonic_peer.importlib.util, "find_spec", lambda name: object())
+    sonic_peer.require_sonic("--methods sonic")  # found: no error
