@@ -6,7 +6,8 @@ beyond R as a share of R, counted in rows of a 128-row tile:
   - as the layer runs them (one launch, every tile 128 rows);
   - split: the short last tiles (rows mod 128 in 1..64) in a 64-row tile, which takes --short-cost of a 128-row
     tile's time (run 19 measured 64-row tiles 10-20% slower per row than 128-row ones: 0.55-0.6);
-  - paired: two short tiles in one 128-row tile (a kernel that loads two experts' B tiles; not built).
+  - paired: two short tiles in one 128-row tile (a kernel that loads two experts' B tiles; not built);
+  - and, for comparison, one launch of 256-row tiles (tile variant 5 of benchmarks/tall_tile_run40.diff).
 Usage: python benchmarks/tile_waste.py [--configs a,b] [--routing random] [--short-cost 0.6]
 """
 from __future__ import annotations
@@ -23,6 +24,13 @@ from bench_moe import CONFIGS, SUITE, bench_routing, load_configs  # noqa: E402
 from mok.harness.cases import MoEConfig  # noqa: E402
 
 TILE, SHORT = 128, 64
+
+
+def one_launch_waste(counts: list[int], tile: int) -> float:
+    """Rows per expert -> the rows computed beyond them when each expert's rows are rounded up to whole `tile`-row
+    tiles, as a share of the rows (0 for no rows)."""
+    rows = sum(counts)
+    return (sum(-(-c // tile) for c in counts) * tile - rows) / rows if rows else 0.0
 
 
 def waste(counts: list[int], short_cost: float) -> dict:
@@ -49,8 +57,9 @@ def main() -> None:
     a = ap.parse_args()
     configs = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
     print(f"routing {a.routing}; a 64-row tile taken as {a.short_cost} of a 128-row tile's time")
-    print("| shape | routed rows | 128-row tiles | short last tiles | waste, one launch | split | paired |")
-    print("|---|---|---|---|---|---|---|")
+    print("| shape | routed rows | 128-row tiles | short last tiles | waste, one launch | split | paired "
+          "| 256-row tiles, one launch |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in a.configs.split(","):
         c = configs[name]
         cfg = MoEConfig(c["T"], c["H"], c["I"], c["E"], c["K"], c["S"])
@@ -58,7 +67,7 @@ def main() -> None:
         counts = torch.bincount(idx.flatten(), minlength=cfg.E).tolist()
         w = waste(counts, a.short_cost)
         print(f"| {name} | {sum(counts)} | {w['tiles']} | {w['short']} | {w['one']:.1%} | {w['split']:.1%} | "
-              f"{w['paired']:.1%} |")
+              f"{w['paired']:.1%} | {one_launch_waste(counts, 2 * TILE):.1%} |")
 
 
 if __name__ == "__main__":

@@ -198,6 +198,11 @@ def test_tile_waste_counts_tiles_and_short_last_tiles():
     assert w["paired"] == pytest.approx((5 * 128 - 521) / 521)  # ... or both in one tile
     assert waste([128, 129, 200, 64, 0], short_cost=0.6)["split"] == pytest.approx((5.2 * 128 - 521) / 521)
     assert waste([], 0.6)["one"] == 0.0
+    from tile_waste import one_launch_waste
+    counts = [128, 129, 200, 64, 0]
+    assert one_launch_waste(counts, 128) == pytest.approx(waste(counts, 0.6)["one"])  # the same count
+    assert one_launch_waste(counts, 256) == pytest.approx((4 * 256 - 521) / 521)  # 1 + 1 + 1 + 1 + 0 tiles of 256
+    assert one_launch_waste([0, 0], 256) == 0.0
 
 
 def _gemm_name(tile_m: int, tile_n: int, schedule: str = "Pingpong") -> str:
