@@ -259,6 +259,10 @@ def main() -> None:
         configs = [dict(c, S=0) for c in configs]
     methods = a.methods.split(",")
     if "sonic" in methods:
+        shared = [c["name"] for c in configs if c["S"]]
+        if shared:
+            ap.error(f"--methods sonic: SonicMoE's layer has no shared expert, and {', '.join(shared)} "
+                     "has one; add --no-shared")
         require_sonic("--methods sonic")
     peak = bf16_peak_tflops()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, commit {git_rev()}, "

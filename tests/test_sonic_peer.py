@@ -132,3 +132,14 @@ def test_asking_for_sonicmoe_where_it_is_missing_fails_before_anything_runs(monk
     assert "| matmul" not in r.stdout
     monkeypatch.setattr(sonic_peer.importlib.util, "find_spec", lambda name: object())
     sonic_peer.require_sonic("--methods sonic")  # found: no error
+
+
+def test_bench_moe_refuses_sonic_on_a_config_with_a_shared_expert_before_anything_runs():
+    """bench_moe.py --methods sonic on a config with a shared expert stops at the argument check, naming the option,
+    the config and the remedy (--no-shared), instead of failing in the middle of a run."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(BENCH / "bench_moe.py"), "--configs", "qwen3-30b-a3b,mid-64e",
+                        "--methods", "mok_gu,sonic"], capture_output=True, text=True, cwd=BENCH.parent)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "--methods sonic: SonicMoE's layer has no shared expert, and mid-64e has one; add --no-shared" in r.stderr
