@@ -43,8 +43,21 @@ ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down
 WEIGHTS = ("shared_gate", "shared_up", "shared_down", "routed_gate", "routed_up", "routed_down")
 
 
+CHECK_REL_ERR = 2e-2  # a method's y and d_x must be this close to the fp32 oracle before it is timed
+
+
 def load_configs(path: Path) -> list[dict]:
     return json.loads(Path(path).read_text())["configs"]
+
+
+def named_configs(names: str) -> list[dict]:
+    """The configs of configs.json or suite.json named in `names` (comma-separated), in that order; ValueError naming
+    any that neither file holds."""
+    by_name = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
+    unknown = [n for n in names.split(",") if n not in by_name]
+    if unknown:
+        raise ValueError(f"configs: no config {', '.join(map(repr, unknown))} in configs.json or suite.json")
+    return [by_name[n] for n in names.split(",")]
 
 
 def bench_routing(cfg: MoEConfig, routing: str, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,19 +125,18 @@ class Method:
             self.inp = with_stacked_gate_up(inp)
         if name == "sonic":  # SonicMoE's layer on the same inputs, its own weight layout (sonic_peer.py)
             self.leaves = sonic_leaves(inp)
-            self.fn = sonic_forward
+            self.fn = lambda: sonic_forward(self.leaves)
         elif not name.startswith("mok"):
             self.leaves = {k: (v.detach().clone().requires_grad_(True) if v is not None and v.is_floating_point()
                                else v) for k, v in inp.items() if k in ARGS}
-            self.fn = grouped_mm_path if name == "grouped_mm" else naive_loop
+            fn = grouped_mm_path if name == "grouped_mm" else naive_loop
+            self.fn = lambda: fn(*(self.leaves[a] for a in ARGS))
 
     def inputs(self) -> list:
         """The tensors this method reads: mok's as passed (gate and up as one tensor for mok_gu), the baselines'
         autograd leaves (clones of the inputs; SonicMoE's in its layout), and dy."""
-        if self.name == "sonic":
-            return list(self.leaves.values()) + [self.inp["dy"]]
-        src = self.inp if self.name.startswith("mok") else self.leaves
-        return [src[a] for a in ARGS if src[a] is not None] + [self.inp["dy"]]
+        ts = [self.inp[a] for a in ARGS] if self.name.startswith("mok") else list(self.leaves.values())
+        return [t for t in ts if t is not None] + [self.inp["dy"]]
 
     def input_bytes(self) -> int:
         """Bytes of `inputs()`, each storage once (mok_gu's gate and up share one)."""
@@ -135,16 +147,11 @@ class Method:
             if isinstance(v, torch.Tensor):
                 v.grad = None
 
-    def _baseline(self) -> torch.Tensor:
-        if self.name == "sonic":
-            return self.fn(self.leaves)
-        return self.fn(*(self.leaves[a] for a in ARGS))
-
     def fwd(self):
         if self.name.startswith("mok"):
             return mok.fast.forward(*(self.inp[a] for a in ARGS))[0]
         with torch.no_grad():
-            return self._baseline()
+            return self.fn()
 
     def fwd_bwd(self):
         if self.name.startswith("mok"):
@@ -155,7 +162,7 @@ class Method:
         for v in self.leaves.values():
             if isinstance(v, torch.Tensor) and v.requires_grad:
                 v.grad = None
-        y = self._baseline()
+        y = self.fn()
         y.backward(self.inp["dy"])
         return y, self.leaves["x"].grad
 
@@ -291,7 +298,7 @@ def main() -> None:
                 meth = Method(m, inp, wgrad)
                 y, dx = meth.fwd_bwd()
                 ey, edx = rel_error(y, y_ref), rel_error(dx, dx_ref)
-                ok = ey < 2e-2 and edx < 2e-2
+                ok = ey < CHECK_REL_ERR and edx < CHECK_REL_ERR
                 del y, dx
                 if not ok:
                     print(f"CHECK FAILED {c['name']} {routing} {m}: y err {ey:.2e}, d_x err {edx:.2e}")

@@ -71,6 +71,21 @@ def busy_ms(evs) -> float:
     return total / 1e3
 
 
+def profiled_steps(step, iters: int = 3) -> tuple[list, list]:
+    """`step()` 3 times to warm up, then `iters` times queued back to back under torch.profiler: (every CUDA event,
+    the last step's), each in launch order."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    return evs, evs[-(len(evs) // iters):]
+
+
 def main():
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else None
     configs = load_configs(CONFIGS)
@@ -79,18 +94,8 @@ def main():
         if names and c["name"] not in names:
             continue
         inp = with_stacked_gate_up(make_bench_inputs(c, "random"))
-        for _ in range(3):
-            step(inp)
-        torch.cuda.synchronize()
         iters = 3
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                step(inp)
-            torch.cuda.synchronize()
-        evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
-        per = len(evs) // iters
-        last = evs[-per:]
+        evs, last = profiled_steps(lambda inp=inp: step(inp), iters)
         s = sum(e.device_time_total for e in last) / 1e3
         span = (max(e.time_range.end for e in last) - min(e.time_range.start for e in last)) / 1e3
         span_all = (max(e.time_range.end for e in evs) - min(e.time_range.start for e in evs)) / 1e3 / iters

@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_moe import CONFIGS, SUITE, Method, load_configs, make_bench_inputs  # noqa: E402
-from profile_fast import busy_ms  # noqa: E402
+from bench_moe import Method, make_bench_inputs, named_configs  # noqa: E402
+from profile_fast import busy_ms, profiled_steps  # noqa: E402
 
 
 def kernel_name(name: str) -> str:
@@ -31,24 +30,16 @@ def main() -> None:
     ap.add_argument("configs")
     ap.add_argument("--methods", default="mok_gu,sonic")
     a = ap.parse_args()
-    by_name = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
-    unknown = [n for n in a.configs.split(",") if n not in by_name]
-    if unknown:
-        ap.error(f"configs: no config {', '.join(map(repr, unknown))} in configs.json or suite.json")
-    for name in a.configs.split(","):
-        inp = make_bench_inputs(dict(by_name[name], S=0), "random")
+    try:
+        configs = named_configs(a.configs)
+    except ValueError as e:
+        ap.error(str(e))
+    for c in configs:
+        name = c["name"]
+        inp = make_bench_inputs(dict(c, S=0), "random")
         for m in a.methods.split(","):
             meth = Method(m, inp, torch.bfloat16)
-            for _ in range(3):
-                meth.fwd_bwd()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(3):
-                    meth.fwd_bwd()
-                torch.cuda.synchronize()
-            evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                         key=lambda e: e.time_range.start)
-            last = evs[-(len(evs) // 3):]
+            _, last = profiled_steps(meth.fwd_bwd)
             total = sum(e.device_time_total for e in last) / 1e3
             print(f"\n{name} {m}: {len(last)} kernels, {total:.2f} ms of kernel time a step, the GPU busy "
                   f"{busy_ms(last):.2f} ms; in launch order:", flush=True)

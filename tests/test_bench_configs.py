@@ -317,3 +317,15 @@ def test_bench_moe_losses_name_only_peers_and_the_peak_memory():
     assert slower == "mok slower than a peer on: a random mok_gu vs grouped_mm (fwd+bwd)", slower
     assert bigger == "mok's peak memory above a peer's on: a random mok vs grouped_mm (2.00 against 1.50 GiB)", bigger
     assert losses(rows[3:]) == ["mok slower than a peer on: none", "mok's peak memory above a peer's on: none"]
+
+
+def test_named_configs_keep_the_order_given_and_name_what_is_missing():
+    """bench_moe.named_configs (profile_peers.py, sonic_check.py): configs.json and suite.json names in the order
+    given; an unknown name is refused, named, not skipped."""
+    import sys
+    sys.path.insert(0, str(BENCH))
+    from bench_moe import named_configs
+
+    assert [c["name"] for c in named_configs("mixtral-8x7b,qwen3-30b-a3b")] == ["mixtral-8x7b", "qwen3-30b-a3b"]
+    with pytest.raises(ValueError, match=r"^configs: no config 'nope', 'x' in configs.json or suite.json"):
+        named_configs("qwen3-30b-a3b,nope,x")
