@@ -3,11 +3,11 @@ last 128-row tiles waste, under `bench_moe`'s routing, and how much of it two re
 
 For each shape: the routed rows R = T·K, the 128-row tiles they make (each expert's rows rounded up), and the work
 beyond R as a share of R, counted in rows of a 128-row tile:
-  - as the layer runs them (one launch, every tile 128 rows);
+  - in one launch of 128-row tiles (how every row-tiled GEMM ran until run 41; the gate/up and d_a still do);
   - split: the short last tiles (rows mod 128 in 1..64) in a 64-row tile, which takes --short-cost of a 128-row
     tile's time (run 19 measured 64-row tiles 10-20% slower per row than 128-row ones: 0.55-0.6);
   - paired: two short tiles in one 128-row tile (a kernel that loads two experts' B tiles; not built);
-  - and, for comparison, one launch of 256-row tiles (tile variant 5 of benchmarks/tall_tile_run40.diff).
+  - and, for comparison, one launch of 256-row tiles (tile variant 5, the down and d_x tile of mid-sized experts).
 Usage: python benchmarks/tile_waste.py [--configs a,b] [--routing random] [--short-cost 0.6]
 """
 from __future__ import annotations

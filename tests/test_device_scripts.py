@@ -116,9 +116,7 @@ def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
 @pytest.mark.parametrize("diff", [
     "stages_probe.diff",  # benchmarks/stages_probe.sh patches a copy of csrc with it
     "pdl_run39.diff",     # programmatic dependent launch (run 39, not kept): main_check_run39.sh's pdl-ab step
-    "tile64_run39.diff",  # tile variant 5, ping-pong 64x256 (run 39, not kept): its short-tiles step
-    "tall_tile_run40.diff",  # tile variant 5, cooperative 256x128 in 1x2 clusters (run 40, built, not yet measured)
-])
+])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's)
 def test_probe_diffs_still_apply_to_this_tree(diff):
     """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
     fits would stop such a build in a device session."""
@@ -295,3 +293,55 @@ def test_main_check_run40_tall_workloads_pair_issue13_shapes_with_down_and_d_x_i
                                variant="5", n_pairs=4)
     parse, configs = energy_probe()
     assert shapes == [parse(s, configs)[1] for s in TARGETS]
+
+
+def test_main_check_run41_ab_workloads_quad_issue13_shapes_with_one_forced_choice_each(tmp_path):
+    """Run 41's ab step: issue 13's four shapes, each by the rule, then with only the down and d_x kinds in variant 5,
+    then with only the fused gate/up kind in variant 1, then in variant 2 (its tiles in 2x1 clusters)."""
+    from mok.fast._lib import GEMM_NN_BF16, GEMM_TN_BF16, GEMM_TN_SWIGLU_FWD
+    parse, configs = energy_probe()  # puts benchmarks/ on the path
+    from targets import TARGETS
+    parsed = [parse(s, configs) for s in script_step("main_check_run41.sh", "ab-workloads", tmp_path)]
+    assert len(parsed) == 16 and all(k == "mok" for k, _, _ in parsed), parsed
+    wants = [None, forced_entries((GEMM_TN_BF16, GEMM_NN_BF16), "5"), forced_entries((GEMM_TN_SWIGLU_FWD,), "1"),
+             forced_entries((GEMM_TN_SWIGLU_FWD,), "2")]
+    for i in range(0, 16, 4):
+        quad = parsed[i:i + 4]
+        assert all(c == quad[0][1] for _, c, _ in quad), quad
+        for (_, _, env), want in zip(quad, wants, strict=True):
+            assert (env == {}) if want is None else env["MOK_FAST_GEMM_VARIANT"].split(",") == want, (env, want)
+    assert [c for _, c, _ in parsed[::4]] == [parse(s, configs)[1] for s in TARGETS]
+
+
+def test_main_check_run41_mid_workloads_quad_shapes_with_i_up_to_1536(tmp_path):
+    """Run 41's mid step: ten distinct shapes whose I is at most _tiles.PINGPONG_MAX_I, each by the rule, then with
+    only the down and d_x kinds in variant 5, only the fused gate/up in variant 1, and both."""
+    from mok.fast import _tiles
+    from mok.fast._lib import GEMM_NN_BF16, GEMM_TN_BF16, GEMM_TN_SWIGLU_FWD
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step("main_check_run41.sh", "mid-workloads", tmp_path)]
+    assert len(parsed) == 40 and all(k == "mok" for k, _, _ in parsed), parsed
+    tall = forced_entries((GEMM_TN_BF16, GEMM_NN_BF16), "5")
+    gu1 = forced_entries((GEMM_TN_SWIGLU_FWD,), "1")
+    both = [t or g for t, g in zip(tall, gu1, strict=True)]
+    for i in range(0, 40, 4):
+        quad = parsed[i:i + 4]
+        assert all(c == quad[0][1] for _, c, _ in quad), quad
+        assert quad[0][2] == {} and [env["MOK_FAST_GEMM_VARIANT"].split(",") for _, _, env in quad[1:]] == [
+            tall, gu1, both], quad
+    shapes = [c for _, c, _ in parsed[::4]]
+    assert len({c["name"] for c in shapes}) == 10 and all(c["I"] <= _tiles.PINGPONG_MAX_I for c in shapes), shapes
+
+
+def test_main_check_run41_tall_suite_shapes_are_suite_shapes_the_rule_runs_tall(tmp_path):
+    """Run 41's suite-tall step: suite.json shapes whose down and d_x GEMMs the rule runs in the cooperative 256x128
+    tile in 1x2 clusters (what changed), so the grouped_mm comparison covers the change."""
+    from mok.fast import _lib, _tiles
+    energy_probe()  # puts benchmarks/ on the path
+    from bench_moe import SUITE, load_configs
+    suite = {c["name"]: c for c in load_configs(SUITE)}
+    names = script_step("main_check_run41.sh", "tall-suite", tmp_path)[0].split(",")
+    assert len(names) == len(set(names)) == 3 and set(names) <= set(suite), names
+    for n in names:
+        c = suite[n]
+        assert _tiles.variant(_lib.GEMM_NN_BF16, c["H"], c["I"]) == _tiles.COOPERATIVE_TALL_1X2, c

@@ -26,7 +26,7 @@ def test_override_gives_each_kind_its_variant(monkeypatch, text, want):
 
 
 @pytest.mark.parametrize("text", [
-    "5",            # out of range
+    "6",            # out of range
     "-1",           # negative
     "1,2",          # neither one value nor one per kind
     "a",            # not an integer
@@ -51,7 +51,7 @@ def test_choice_takes_no_token_count_and_is_a_valid_variant(monkeypatch):
             assert 0 <= _tiles.variant(kind, H, I) < _lib.NUM_GEMM_VARIANTS
 
 
-@pytest.mark.parametrize("variant", [-1, 5, 1.0, None])  # out of range, or not an int
+@pytest.mark.parametrize("variant", [-1, 6, 1.0, None])  # out of range, or not an int
 def test_grouped_gemm_rejects_a_bad_variant_before_any_launch(variant):
     import torch
 
@@ -193,21 +193,26 @@ def test_only_cuda_devices_have_a_card(monkeypatch):
     assert _tiles.gate_up_pingpong_card(torch.device("cuda"))
 
 
-@pytest.mark.parametrize("H, I, want", [
-    (2048, 768, _tiles.PINGPONG),        # Qwen3-30B-A3B: short reductions, ping-pong (run 6)
-    (2048, 1024, _tiles.PINGPONG),       # OLMoE-1B-7B
-    (4096, 1408, _tiles.PINGPONG),       # GLM-4.5-Air: 0.4-0.9% faster steps than cooperative (run 22)
-    (4096, 1536, _tiles.PINGPONG),       # mid-64e: PINGPONG_MAX_I itself, 0.9% faster steps (run 22)
-    (4096, 1544, _tiles.COOPERATIVE),    # just past it
-    (7168, 2048, _tiles.COOPERATIVE),    # DeepSeek-V3 slice: a tie at steady state (run 16), the cooperative tile kept
-    (4096, 6400, _tiles.COOPERATIVE),    # Phi-3.5-MoE: a tie (run 22)
-    (4096, 14336, _tiles.COOPERATIVE),   # Mixtral-8x7B: long reductions, down and d_x ~10% faster cooperative (run 6)
+@pytest.mark.parametrize("H, I, want, tall", [
+    (2048, 768, _tiles.PINGPONG, True),        # Qwen3-30B-A3B: short reductions, ping-pong (run 6); down, d_x tall
+    (2048, 1024, _tiles.PINGPONG, True),       # OLMoE-1B-7B: down and d_x 3.8% / 1.0% faster steps tall (run 41)
+    (4096, 1408, _tiles.PINGPONG, True),       # GLM-4.5-Air: 0.4-0.9% faster steps than cooperative (run 22)
+    (4096, 1536, _tiles.PINGPONG, True),       # mid-64e: PINGPONG_MAX_I itself, 0.9% faster steps (run 22)
+    (2048, 512, _tiles.PINGPONG, False),       # Granite-3.0-3B-A800M: I below TALL_MIN_I, slower tall (run 41)
+    (5120, 1536, _tiles.PINGPONG, False),      # DeepSeek-V2: H past TALL_MAX_H, slower tall (run 41)
+    (4096, 1544, _tiles.COOPERATIVE, False),   # just past PINGPONG_MAX_I
+    (7168, 2048, _tiles.COOPERATIVE, False),   # DeepSeek-V3 slice: a tie at steady state (run 16), cooperative kept
+    (4096, 6400, _tiles.COOPERATIVE, False),   # Phi-3.5-MoE: a tie (run 22)
+    (4096, 14336, _tiles.COOPERATIVE, False),  # Mixtral-8x7B: long reductions, ~10% faster cooperative (run 6)
 ])
-def test_row_tiled_gemms_take_ping_pong_up_to_pingpong_max_i(monkeypatch, H, I, want):
-    """The forward, down, d_a and d_x GEMMs (rows an expert's, reduction over H, I or 2I) pick their tile from I."""
+def test_row_tiled_gemms_take_ping_pong_up_to_pingpong_max_i(monkeypatch, H, I, want, tall):
+    """The forward, down, d_a and d_x GEMMs (rows an expert's, reduction over H, I or 2I) pick their tile from I;
+    the down and d_x GEMMs (bf16 out) of mid-sized experts take the cooperative 256x128 tile in 1x2 clusters."""
     monkeypatch.delenv(_tiles.ENV, raising=False)
-    for kind in (_lib.GEMM_TN_F32, _lib.GEMM_TN_BF16, _lib.GEMM_NN_F32, _lib.GEMM_NN_BF16):
+    for kind in (_lib.GEMM_TN_F32, _lib.GEMM_NN_F32):
         assert _tiles.variant(kind, H, I) == want, kind
+    for kind in (_lib.GEMM_TN_BF16, _lib.GEMM_NN_BF16):
+        assert _tiles.variant(kind, H, I) == (_tiles.COOPERATIVE_TALL_1X2 if tall else want), kind
 
 
 def test_the_fused_swiglu_backward_runs_the_ping_pong_tile(monkeypatch):

@@ -31,7 +31,7 @@ FUSED_KINDS = {GEMM_NN_SWIGLU_BWD: (torch.bfloat16, torch.float32),
                GEMM_TN_SWIGLU_FWD: (torch.float32, torch.bfloat16)}
 MAX_SEGMENTS = 4
 ROUTER_MAX_E = 8192
-NUM_GEMM_VARIANTS = 5  # tile variants of every kind (csrc/grouped_gemm.cuh; chosen in _tiles.py)
+NUM_GEMM_VARIANTS = 6  # tile variants of every kind (csrc/grouped_gemm.cuh; chosen in _tiles.py)
 
 _i32, _i64, _sz, _vp = ctypes.c_int, ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p
 

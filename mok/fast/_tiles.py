@@ -14,7 +14,14 @@ swapped, 192x128 in 1x2 clusters, where that covers fewer output elements (`wgra
 ping-pong 128x192 when the routed intermediate size is at most PINGPONG_MAX_I (I <= 1024: 3-9% faster per GEMM on
 Qwen3-30B-A3B, run 6; I = 1408 and 1536, GLM-4.5-Air and mid-64e: 0.4-0.9% faster steps at steady state, run 22),
 else the cooperative 128x256 tile (I = 2048 a tie in run 16; Mixtral-8x7B's I = 14336, whose down and d_x
-reductions are long: each about 10% faster in it, run 6).
+reductions are long: each about 10% faster in it, run 6). Since run 41 the down and d_x GEMMs (GEMM_TN_BF16,
+GEMM_NN_BF16) of layers with TALL_MIN_I <= I <= PINGPONG_MAX_I and H <= TALL_MAX_H run the cooperative 256x128 tile
+in 1x2 clusters instead (the two CTAs of a cluster share A, SonicMoE's tile for them): whole steps on an H100
+(`python benchmarks/energy_probe.py`, two interleaved rounds, burst / steady ms, benchmarks/RESULTS.md run 41)
+0.4-9.5% / 0.4-4.8% faster on Qwen3-235B-A22B, OLMoE-1B-7B, DeepSeek-V2-Lite, GLM-4.5-Air, Qwen1.5-MoE-A2.7B and
+mid-64e, a tie on Qwen3-30B-A3B (-0.8% / +1.1%); slower where I = 512 (Granite-3.0-3B-A800M steady +2.2%) and on
+DeepSeek-V2 (H = 5120: +4.9% / +1.5%), which keep the rule above; the d_x launch alone 1.48 -> 1.30 ms on
+Qwen3-30B-A3B.
 
 Every layer (8 splitting I and S) runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD:
 [dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor read back by the
@@ -72,17 +79,25 @@ import torch
 
 from . import _lib
 
-COOPERATIVE, COOPERATIVE_2X1, PINGPONG_2X1, PINGPONG, PINGPONG_TALL_1X2 = range(_lib.NUM_GEMM_VARIANTS)
+COOPERATIVE, COOPERATIVE_2X1, PINGPONG_2X1, PINGPONG, PINGPONG_TALL_1X2, COOPERATIVE_TALL_1X2 = range(
+    _lib.NUM_GEMM_VARIANTS)
 ENV = "MOK_FAST_GEMM_VARIANT"
 FUSE_ENV = "MOK_FAST_FUSE_SWIGLU_BWD"
 FUSE_FWD_ENV = "MOK_FAST_FUSE_SWIGLU_FWD"
-# Half the tile's N in each variant of GEMM_TN_SWIGLU_FWD: the columns of gate (and of up) one tile covers. That
-# kind runs without clusters: its variants 1 and 2 are variants 0 and 3, and variant 4 (a weight-gradient tile) is 3.
-HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPONG: 96, PINGPONG_TALL_1X2: 96}
+# Half the tile's N in each variant of GEMM_TN_SWIGLU_FWD: the columns of gate (and of up) one tile covers. Its
+# variants 1 and 2 are variants 0 and 3 in 2x1 clusters (B shared by multicast since run 41), variant 4 (a
+# weight-gradient tile) is 3 and variant 5 (a tile of the plain bf16-out kinds) is 0.
+HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPONG: 96, PINGPONG_TALL_1X2: 96,
+               COOPERATIVE_TALL_1X2: 128}
 # The rows and columns of output one cluster covers in the weight-gradient kinds' two candidate variants (CUTLASS's
 # group scheduler rounds each group's tiles up to whole clusters): 128x192 tiles in 2x1 clusters, 192x128 in 1x2.
 WGRAD_CLUSTER_MN = {PINGPONG_2X1: (256, 192), PINGPONG_TALL_1X2: (192, 256)}
 PINGPONG_MAX_I = 1536  # at or below: the row-tiled GEMMs' reductions (K = I or 2I) are short, ping-pong pays
+# The down and d_x GEMMs run COOPERATIVE_TALL_1X2 where TALL_MIN_I <= I <= PINGPONG_MAX_I and H <= TALL_MAX_H
+# (benchmarks/RESULTS.md run 41; below TALL_MIN_I their reductions are a few K tiles, where the ping-pong tile's
+# epilogue overlap pays, and DeepSeek-V2's H = 5120 ran slower in it)
+TALL_MIN_I = 768
+TALL_MAX_H = 4096
 # The fused gate/up + SwiGLU GEMM (reduction K = H) runs the cooperative tile where I > PINGPONG_MAX_I and H is at
 # least this (benchmarks/RESULTS.md run 34), except on the cards below
 FUSED_GATE_UP_COOP_MIN_H = 4096
@@ -186,6 +201,8 @@ def variant(kind: int, H: int, I: int, device=None) -> int:
     if kind == _lib.GEMM_TN_SWIGLU_FWD:  # reduction K = H: cooperative where it is long and the experts large
         large = I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H
         return COOPERATIVE if large and not gate_up_pingpong_card(device) else PINGPONG
+    if kind in (_lib.GEMM_TN_BF16, _lib.GEMM_NN_BF16) and TALL_MIN_I <= I <= PINGPONG_MAX_I and H <= TALL_MAX_H:
+        return COOPERATIVE_TALL_1X2  # the down and d_x GEMMs of mid-sized experts (run 41)
     return PINGPONG if I <= PINGPONG_MAX_I else COOPERATIVE
 
 

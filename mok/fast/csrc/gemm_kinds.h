@@ -34,6 +34,7 @@ MOK_DECLARE_KIND(gemm_tt_f32_small)
       case 2: return NAME##_v<2>::workspace_bytes(groups, device);                              \
       case 3: return NAME##_v<3>::workspace_bytes(groups, device);                              \
       case 4: return NAME##_v<4>::workspace_bytes(groups, device);                              \
+      case 5: return NAME##_v<5>::workspace_bytes(groups, device);                              \
       default: return NAME##_v<0>::workspace_bytes(groups, device);                             \
     }                                                                                           \
   }                                                                                             \
@@ -44,6 +45,7 @@ MOK_DECLARE_KIND(gemm_tt_f32_small)
       case 2: return run_grouped<NAME##_v<2>>(segs, n_segs, ws, ws_bytes, device, stream);      \
       case 3: return run_grouped<NAME##_v<3>>(segs, n_segs, ws, ws_bytes, device, stream);      \
       case 4: return run_grouped<NAME##_v<4>>(segs, n_segs, ws, ws_bytes, device, stream);      \
+      case 5: return run_grouped<NAME##_v<5>>(segs, n_segs, ws, ws_bytes, device, stream);      \
       default: return run_grouped<NAME##_v<0>>(segs, n_segs, ws, ws_bytes, device, stream);    \
     }                                                                                           \
   }                                                                                             \

@@ -348,28 +348,34 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
 //      ping-pong 192x128x64 in 1x2 clusters (the two CTAs share A tiles): the same loads and registers a tile as
 //      variant 2 with the tile's sides swapped, so an output whose N is a multiple of 256 but not of 192 (2048,
 //      4096) and whose M is a multiple of 192 (768, 1536) has no part-empty tiles. Variant 3 for the other kinds.
+//   5: for the plain row-tiled kinds with bf16 output (down, d_x), cooperative 256x128x64 in 1x2 clusters (the two
+//      CTAs compute two column tiles of the same 256 rows and share the A tiles by TMA multicast): the same stage
+//      size and accumulators a thread as variant 0, a third less traffic from L2 a tile. Variant 0 for the others.
 using KernelCoop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 using EpiCoop = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 using KernelPingpong = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
 using EpiPingpong = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 
-// The fused gate/up + SwiGLU kind runs without clusters (its paired B loads do not multicast): variants 1 and 2
-// are variants 0 and 3 there. (A ping-pong 128x128 tile for it, halves of 64, was 1-7% slower end to end on four
+// The fused gate/up + SwiGLU kind shares B in variants 1 and 2 too (mainloop_gate_up.cuh multicasts each CTA's
+// share of both half tiles). (A ping-pong 128x128 tile for it, halves of 64, was 1-7% slower end to end on four
 // of five shapes: benchmarks/RESULTS.md run 9.)
 template <class LA, class LB, class ED, int V, Epi kEpi = Epi::kLinear, bool kKHalves = false>
 struct VariantOf {
   static_assert(V >= 0 && V < MOK_GEMM_NUM_VARIANTS, "tile variant out of range");
   static constexpr bool kWgrad = cute::is_same_v<LA, cutlass::layout::ColumnMajor>;  // A M-major: rows are K
   static constexpr bool kSwapped = V == 4 && kWgrad;
-  static constexpr bool kPingpong = V >= 2;
-  static constexpr int kClusterM = (kEpi != Epi::kSwigluFwd && (V == 1 || V == 2)) ? 2 : 1;
-  static constexpr int kClusterN = kSwapped ? 2 : 1;
-  using Tile = cute::conditional_t<kSwapped, Shape<_192, _128, _64>,
-                                   cute::conditional_t<kPingpong, Shape<_128, _192, _64>, Shape<_128, _256, _64>>>;
+  static constexpr bool kTall = V == 5 && !kWgrad && kEpi == Epi::kLinear && cute::is_same_v<ED, cutlass::bfloat16_t>;
+  static constexpr bool kPingpong = V >= 2 && V != 5;
+  static constexpr int kClusterM = (V == 1 || V == 2) ? 2 : 1;
+  static constexpr int kClusterN = (kSwapped || kTall) ? 2 : 1;
+  using Tile = cute::conditional_t<
+      kSwapped, Shape<_192, _128, _64>,
+      cute::conditional_t<kTall, Shape<_256, _128, _64>,
+                          cute::conditional_t<kPingpong, Shape<_128, _192, _64>, Shape<_128, _256, _64>>>>;
   using type = GroupedGemm<LA, LB, ED, Tile, Shape<Int<kClusterM>, Int<kClusterN>, _1>,
                            cute::conditional_t<kPingpong, KernelPingpong, KernelCoop>,
                            cute::conditional_t<kPingpong, EpiPingpong, EpiCoop>, kEpi, kKHalves>;
 };
-static_assert(MOK_GEMM_NUM_VARIANTS == 5, "gemm_kinds.h: MOK_DEFINE_KIND dispatches variants 0..4");
+static_assert(MOK_GEMM_NUM_VARIANTS == 6, "gemm_kinds.h: MOK_DEFINE_KIND dispatches variants 0..5");
 
 }  // namespace mok

@@ -8,7 +8,10 @@
 // in memory). Only which B rows land in which shared-memory rows changes: each accumulator is still one CTA walking
 // K in order (the same bits as the plain GEMM of the same B rows). N / 2 need not be a multiple of h: the last
 // tile's halves then run past row N/2 (TMA fills those with zeros); the epilogue stores none of those columns.
-// K-major B, no cluster.
+// K-major B. In a cluster of C x 1 CTAs (C = 1 or 2; the CTAs of a cluster compute the same column tile of C
+// adjacent row tiles of one group, as CUTLASS's group scheduler assigns them) B is shared by TMA multicast as
+// CUTLASS does it: each CTA loads its 1/C of each half tile's rows into every CTA of the cluster, and each CTA's stage
+// barrier expects the whole tile. Which CTA loads which rows changes nothing in any accumulator.
 #pragma once
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -35,15 +38,22 @@ struct GateUpPairMainloop : Base {
   static constexpr int kBlkK = cute::size<2>(TileShape{});
   static constexpr int kHalf = kBlkN / 2;  // B rows per half tile
   static_assert(kBlkN % 16 == 0, "each half tile is whole 8-row swizzle atoms");
-  static_assert(cute::size(typename Base::DispatchPolicy::ClusterShape{}) == 1, "no cluster (no multicast)");
-  static_assert(cute::is_same_v<GmemTiledCopyB, cute::SM90_TMA_LOAD>, "plain TMA loads of B");
+  using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
+  static constexpr int kClusterM = cute::size<0>(ClusterShape{});
+  static_assert(cute::size<1>(ClusterShape{}) == 1 && (kClusterM == 1 || kClusterM == 2),
+                "clusters of 1 or 2 CTAs along M (B shared, A not)");
+  static_assert(cute::is_same_v<GmemTiledCopyB, cute::conditional_t<kClusterM == 1, cute::SM90_TMA_LOAD,
+                                                                    cute::SM90_TMA_LOAD_MULTICAST>>,
+                "B by plain TMA without a cluster, by TMA multicast in one");
+  static_assert(cute::is_same_v<typename Base::GmemTiledCopyA, cute::SM90_TMA_LOAD>, "A by plain TMA");
+  static_assert((kBlkN / 2) % (8 * kClusterM) == 0, "each CTA's share of a half tile is whole 8-row swizzle atoms");
   static_assert(cute::is_static<cute::remove_cvref_t<decltype(cute::get<1>(InternalStrideB{}))>>::value,
                 "B is K-major (a stage's row n starts n * BLK_K elements in)");
   static_assert(cute::size<0>(SmemLayoutAtomB{}) == 8 && cute::size<1>(SmemLayoutAtomB{}) == kBlkK,
                 "one swizzle atom spans the K tile, 8 rows");
 
-  // One half tile of B in shared memory (one stage), and its TMA (box h x BLK_K) over B as (rows, K, half):
-  // row stride ld, then the distance between the two halves, both in elements.
+  // One half tile of B in shared memory (one stage), and its TMA (box h / C x BLK_K, C = the cluster's CTAs) over B
+  // as (rows, K, half): row stride ld, then the distance between the two halves, both in elements.
   using StrideBHalves = cute::Stride<int64_t, cute::Int<1>, int64_t>;
   using SmemLayoutBHalf = decltype(cute::tile_to_shape(SmemLayoutAtomB{},
                                                        cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{})));
@@ -52,7 +62,7 @@ struct GateUpPairMainloop : Base {
       GmemTiledCopyB{},
       cute::make_tensor(static_cast<InternalElementB const*>(nullptr),
                         cute::make_layout(cute::make_shape(int32_t(0), int32_t(0), int32_t(0)), StrideBHalves{})),
-      SmemLayoutBHalf{}, cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{}), cute::_1{}));
+      SmemLayoutBHalf{}, cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{}), cute::Int<kClusterM>{}));
 
   // CUTLASS's arguments, and each group's up rows (ptr_B: its gate rows).
   struct Arguments : Base::Arguments {
@@ -80,7 +90,8 @@ struct GateUpPairMainloop : Base {
         ptr_b, cute::make_layout(cute::make_shape(int32_t(1), int32_t(1), int32_t(1)),
                                  StrideBHalves{int64_t(8), cute::Int<1>{}, int64_t(8)}));  // 16-byte strides
     TMA_BH tma_bh = cute::make_tma_copy(GmemTiledCopyB{}, tensor_b, SmemLayoutBHalf{},
-                                        cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{}), cute::_1{});
+                                        cute::make_shape(cute::Int<kHalf>{}, cute::Int<kBlkK>{}),
+                                        cute::Int<kClusterM>{});
     return Params{base, tma_bh, reinterpret_cast<InternalElementB const**>(args.ptr_B_up)};
   }
 
@@ -99,12 +110,13 @@ struct GateUpPairMainloop : Base {
     return cute::make_tuple(gA_mkl, gB_nkl);
   }
 
-  // Producer: per K tile, A's tile and the two halves of B's (gate rows, then up rows) on one barrier.
+  // Producer: per K tile, A's tile and the two halves of B's (gate rows, then up rows) on one barrier; in a
+  // cluster, this CTA's share of each half's rows into every CTA of the cluster.
   template <class TensorA, class TensorB, class TensorMapA, class TensorMapB, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& p, MainloopPipeline pipeline, PipelineState smem_pipe_write,
                            cute::tuple<TensorA, TensorB> const& load_inputs,
                            cute::tuple<TensorMapA, TensorMapB> const& input_tensormaps, BlockCoord const& blk_coord,
-                           KTileIterator k_tile_iter, int k_tile_count, int, uint32_t,
+                           KTileIterator k_tile_iter, int k_tile_count, int, uint32_t block_rank_in_cluster,
                            TensorStorage& shared_tensors) {
     using namespace cute;
     if (!cute::elect_one_sync()) return;
@@ -114,7 +126,9 @@ struct GateUpPairMainloop : Base {
     Tensor gBg = get<1>(load_inputs)(_, _, n_coord, _, gate_half_);               // (h, BLK_K, k): gate rows
     Tensor gBu = get<1>(load_inputs)(_, _, n_coord, _, 1 - gate_half_);           // (h, BLK_K, k): up rows
     auto tma_a = p.tma_load_a.get_slice(0);
-    auto tma_b = p.tma_load_bh.get_slice(0);
+    // With clusters of kClusterM x 1 CTAs the block's rank is its M position; every CTA of the cluster gets B.
+    auto tma_b = p.tma_load_bh.get_slice(block_rank_in_cluster % kClusterM);
+    const uint16_t mcast_mask_b = uint16_t((1u << kClusterM) - 1);
     Tensor tAgA = tma_a.partition_S(gA);
     Tensor tAsA = tma_a.partition_D(sA);
     Tensor tBgBg = tma_b.partition_S(gBg);
@@ -132,9 +146,9 @@ struct GateUpPairMainloop : Base {
       Tensor tBsBu = tma_b.partition_D(make_tensor(make_smem_ptr(stage_b + kHalf * kBlkK), SmemLayoutBHalf{}));
       copy(p.tma_load_a.with(get<0>(input_tensormaps), *tma_barrier, uint16_t(0)), tAgA(_, _, _, *k_tile_iter),
            tAsA(_, _, _, stage));
-      copy(p.tma_load_bh.with(get<1>(input_tensormaps), *tma_barrier, uint16_t(0)), tBgBg(_, _, _, *k_tile_iter),
+      copy(p.tma_load_bh.with(get<1>(input_tensormaps), *tma_barrier, mcast_mask_b), tBgBg(_, _, _, *k_tile_iter),
            tBsBg);
-      copy(p.tma_load_bh.with(get<1>(input_tensormaps), *tma_barrier, uint16_t(0)), tBgBu(_, _, _, *k_tile_iter),
+      copy(p.tma_load_bh.with(get<1>(input_tensormaps), *tma_barrier, mcast_mask_b), tBgBu(_, _, _, *k_tile_iter),
            tBsBu);
       ++k_tile_iter;
       ++smem_pipe_write;

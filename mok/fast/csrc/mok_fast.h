@@ -13,8 +13,9 @@
 #define MOK_ROUTER_MAX_E 8192
 // Tile variants of every grouped-GEMM kind (csrc/grouped_gemm.cuh): 0 cooperative 128x256x64, 1 the same
 // in 2x1 clusters, 2 ping-pong 128x192x64 in 2x1 clusters, 3 ping-pong 128x192x64, 4 ping-pong 192x128x64 in 1x2
-// clusters for the weight-gradient kinds (variant 3 for the others). Same bits for all.
-#define MOK_GEMM_NUM_VARIANTS 5
+// clusters for the weight-gradient kinds (variant 3 for the others), 5 cooperative 256x128x64 in 1x2 clusters for the
+// plain bf16-out row-tiled kinds (variant 0 for the others). Same bits for all.
+#define MOK_GEMM_NUM_VARIANTS 6
 
 // One operand of a grouped GEMM. For group g (expert e = g - expert_base, or the shared expert):
 //   pointer = base + offset + e * expert_stride + row_offset(e) * row_stride   (in elements)
