@@ -18,7 +18,7 @@ reductions are long: each about 10% faster in it, run 6). Since run 41 the down 
 GEMM_NN_BF16) of layers with TALL_MIN_I <= I <= PINGPONG_MAX_I and H <= TALL_MAX_H run the cooperative 256x128 tile
 in 1x2 clusters instead (the two CTAs of a cluster share A, SonicMoE's tile for them): whole steps on an H100
 (`python benchmarks/energy_probe.py`, two interleaved rounds, burst / steady ms, benchmarks/RESULTS.md run 41)
-0.4-9.5% / 0.4-4.8% faster on Qwen3-235B-A22B, OLMoE-1B-7B, DeepSeek-V2-Lite, GLM-4.5-Air, Qwen1.5-MoE-A2.7B and
+0.6-9.5% / 0.4-4.8% faster on Qwen3-235B-A22B, OLMoE-1B-7B, DeepSeek-V2-Lite, GLM-4.5-Air, Qwen1.5-MoE-A2.7B and
 mid-64e, a tie on Qwen3-30B-A3B (-0.8% / +1.1%); slower where I = 512 (Granite-3.0-3B-A800M steady +2.2%) and on
 DeepSeek-V2 (H = 5120: +4.9% / +1.5%), which keep the rule above; the d_x launch alone 1.48 -> 1.30 ms on
 Qwen3-30B-A3B.
