@@ -11,7 +11,9 @@
 # the newest that accepts it (0.5.0 wants 4.5.2), so it is what pip resolves. The cu13 build of the DSL's libraries
 # (the device's torch is +cu130) holds everything the base wheel does. torch, numpy, einops, cuda-bindings and
 # triton are already there. The archive is xz, not the wheels: the DSL's library wheel alone is over the 64 MiB a
-# device call carries.
+# device call carries. That limit counts the working tree too (about 5.5 MB): with the archive and its cache part, a
+# mok library of 5.9 MB went over it in run 41; a copy made by `strip --strip-unneeded` (5.1 MB: CUTLASS's local
+# symbols gone, the kernels and exported functions kept) fits.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 pkgs=(sonic-moe==0.1.2.post1 quack-kernels==0.4.1 nvidia-cutlass-dsl-libs-cu13==4.4.2 apache-tvm-ffi==0.1.15.post2
