@@ -13,7 +13,7 @@
 # triton are already there. The archive is xz, not the wheels: the DSL's library wheel alone is over the 64 MiB a
 # device call carries. That limit counts the working tree too (about 5.5 MB): with the archive and its cache part, a
 # mok library of 5.9 MB went over it in run 41; a copy made by `strip --strip-unneeded` (5.1 MB: CUTLASS's local
-# symbols gone, the kernels and exported functions kept) fits.
+# symbols gone, the kernels and exported functions kept) passed the size check (that call then found no machine).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 pkgs=(sonic-moe==0.1.2.post1 quack-kernels==0.4.1 nvidia-cutlass-dsl-libs-cu13==4.4.2 apache-tvm-ffi==0.1.15.post2
