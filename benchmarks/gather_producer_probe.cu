@@ -13,6 +13,11 @@
 //          barrier. The time per stage then includes whatever the copies and the products cost each other on one
 //          SM (what the spin consumer cannot show; run 33 found it more than the slower of the two alone). No
 //          epilogue, no output: the accumulators are kept live by one store.
+// Tiles (--tile, wgmma only):
+//   pingpong  the above: 128 x 192, one consumer warpgroup, 5 stages of 40 KiB (runs 33);
+//   coop      the cooperative 128 x 256 tile (SonicMoE's gathered gate/up tile, run 40): B 256 x 64, two consumer
+//             warpgroups, each its 64-row half with wgmma m64n256k16, a stage released by all eight consumer warps;
+//             4 stages of 48 KiB. No cluster (SonicMoE runs it in 2x1 clusters, B multicast): each CTA loads its B.
 //
 // Producers (--mode):
 //   tma      one lane of warp 0 loads the tile of a contiguous x_RH [R, H] with one 2D TMA (what the GEMMs do now);
@@ -28,7 +33,7 @@
 //   nvcc $(python -c "from mok.fast import _build; print(' '.join(_build.compile_flags()))") \
 //     -o gather_probe benchmarks/gather_producer_probe.cu
 // Run:   ./gather_probe --mode tma | --mode cpasync --warps N [--contiguous] [--consumer spin|wgmma]
-//        [--tokens 16384 --hidden 2048 --topk 8 --n-tiles 8 --consume-ns 0 --reps 20]
+//        [--tile pingpong|coop] [--tokens 16384 --hidden 2048 --topk 8 --n-tiles 8 --consume-ns 0 --reps 20]
 // Prints: mode, consumer, warps, us per stage (per CTA), GB/s of A tile bytes delivered to shared memory in all,
 // and with wgmma the tensor cores' TFLOP/s.
 #include <cuda.h>
@@ -55,9 +60,12 @@
     }                                                                                           \
   } while (0)
 
-constexpr int kBlkM = 128, kBlkN = 192, kBlkK = 64, kStages = 5, kThreads = 384;
+constexpr int kBlkM = 128, kBlkK = 64, kThreads = 384;
 constexpr int kTileBytes = kBlkM * kBlkK * 2;   // A: 16 KiB
-constexpr int kTileBBytes = kBlkN * kBlkK * 2;  // B (wgmma consumer only): 24 KiB
+// B's rows a tile and the stages, ping-pong 128 x 192 (5 stages of 16 + 24 KiB) or cooperative 128 x 256 (4 of 16 + 32)
+template <bool kCoop> constexpr int kBlkN = kCoop ? 256 : 192;
+template <bool kCoop> constexpr int kStages = kCoop ? 4 : 5;
+template <bool kCoop> constexpr int kTileBBytes = kBlkN<kCoop> * kBlkK * 2;  // B (wgmma consumer only)
 
 struct Args {
   const uint16_t* x;       // x_TH [T, H] (cpasync gather) or x_RH [R, H] (tma, contiguous)
@@ -124,10 +132,17 @@ __device__ __forceinline__ void mma_64x192x16(uint64_t da, uint64_t db, float (&
                                               std::index_sequence<I...>) {
   gmma::MMA_64x192x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>::fma(da, db, acc[I]..., scale);
 }
+template <size_t... I>
+__device__ __forceinline__ void mma_64x256x16(uint64_t da, uint64_t db, float (&acc)[128], gmma::ScaleOut scale,
+                                              std::index_sequence<I...>) {
+  gmma::MMA_64x256x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>::fma(da, db, acc[I]..., scale);
+}
 
-template <bool kTma, int kWarps, bool kMma>
+template <bool kTma, int kWarps, bool kMma, bool kCoop>
 __global__ void __launch_bounds__(kThreads, 1)
     probe(Args a, const __grid_constant__ CUtensorMap map, const __grid_constant__ CUtensorMap map_b) {
+  static_assert(kMma || !kCoop, "the cooperative tile needs the wgmma consumer");
+  constexpr int kStages = ::kStages<kCoop>, kBlkN = ::kBlkN<kCoop>, kTileBBytes = ::kTileBBytes<kCoop>;
   constexpr int kStageBytes = kTileBytes + (kMma ? kTileBBytes : 0);  // A, then B; both 1024-byte aligned
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* tiles = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -138,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       // the A copies' arrivals, and one more for B's TMA (its arrive carries the expected bytes)
       mbar_init(&full[s], kTma ? 1 : 32 * kWarps + (kMma ? 1 : 0));
-      mbar_init(&empty[s], kMma ? 4 : 1);  // wgmma: each consumer warp once its wgmma are done
+      mbar_init(&empty[s], kMma ? (kCoop ? 8 : 4) : 1);  // wgmma: each consumer warp once its wgmma are done
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -188,6 +203,34 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+  } else if constexpr (kMma && kCoop) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int h = wg - 1;  // this warpgroup's 64-row half of the tile, all 256 columns
+    float acc[128];
+#pragma unroll
+    for (int j = 0; j < 128; ++j) acc[j] = 0.f;
+    int it = 0;
+    for (int i = 0; i < my_tiles; ++i) {
+      for (int kt = 0; kt < a.k_tiles; ++kt, ++it) {
+        const int s = it % kStages, ph = (it / kStages) & 1;
+        mbar_wait(&full[s], ph);
+        if constexpr (!kTma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        const uint32_t sa = smem_u32(tiles + s * kStageBytes), sb = sa + kTileBytes;
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int k = 0; k < kBlkK / 16; ++k) {
+          const gmma::ScaleOut scale = (kt == 0 && k == 0) ? gmma::ScaleOut::Zero : gmma::ScaleOut::One;
+          mma_64x256x16(desc_k_sw128(sa + h * 8192 + k * 32), desc_k_sw128(sb + k * 32), acc, scale,
+                        std::make_index_sequence<128>{});
+        }
+        cute::warpgroup_commit_batch();
+        cute::warpgroup_wait<1>();
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+      }
+      cute::warpgroup_wait<0>();
+      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+    }
+    if (blockIdx.x == 0 && (threadIdx.x == 128 || threadIdx.x == 256)) a.sink[h] = acc[0] + acc[127];
   } else if constexpr (kMma) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     if (wg != 1) return;  // one consumer warpgroup: the mainloop back to back, as if the epilogues were free
@@ -310,11 +353,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   uint16_t* w = nullptr;  // the wgmma consumer's B: [n_tiles * 192, H]
+  const char* tile_name = arg_str(argc, argv, "--tile", "pingpong");
+  const bool coop = !std::strcmp(tile_name, "coop");
+  if ((!coop && std::strcmp(tile_name, "pingpong")) || (coop && !mma)) {
+    std::fprintf(stderr, "--tile must be pingpong or coop (coop with --consumer wgmma), got %s\n", tile_name);
+    return 2;
+  }
+  const int blk_n = coop ? kBlkN<true> : kBlkN<false>;
   float* sink;
-  CK(cudaMalloc(&sink, 4));
+  CK(cudaMalloc(&sink, 8));
   if (mma) {
-    CK(cudaMalloc(&w, int64_t(n_tiles) * kBlkN * H * 2));
-    CK(cudaMemset(w, 0x3c, int64_t(n_tiles) * kBlkN * H * 2));
+    CK(cudaMalloc(&w, int64_t(n_tiles) * blk_n * H * 2));
+    CK(cudaMemset(w, 0x3c, int64_t(n_tiles) * blk_n * H * 2));
   }
   // 2D tensormaps, 128-byte swizzle, boxes of 64 elements by `box_rows` rows (the driver's entry point through the
   // runtime: no -lcuda at link time)
@@ -336,17 +386,19 @@ int main(int argc, char** argv) {
     return r == CUDA_SUCCESS;
   };
   CUtensorMap map, map_b;
-  if (!encode(&map, tma ? x : nullptr, R, kBlkM) || !encode(&map_b, w, int64_t(n_tiles) * kBlkN, kBlkN)) return 1;
+  if (!encode(&map, tma ? x : nullptr, R, kBlkM) || !encode(&map_b, w, int64_t(n_tiles) * blk_n, blk_n)) return 1;
   int sms;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   Args a{x, token, H, n_tiles, H / kBlkK, int(R / kBlkM) * n_tiles, gather ? 1 : 0, consume_ns, sink};
-  const size_t smem = kStages * (kTileBytes + (mma ? kTileBBytes : 0)) + 2 * kStages * 8 + 1024;
-  auto pick = [&](auto m) {
-    constexpr bool kM = decltype(m)::value;
-    return tma ? probe<true, 1, kM> : warps == 1 ? probe<false, 1, kM> : warps == 2 ? probe<false, 2, kM>
-                                                                               : probe<false, 4, kM>;
+  const int stages = coop ? kStages<true> : kStages<false>;
+  const size_t smem = stages * (kTileBytes + (mma ? blk_n * kBlkK * 2 : 0)) + 2 * stages * 8 + 1024;
+  auto pick = [&](auto m, auto c) {
+    constexpr bool kM = decltype(m)::value, kC = decltype(c)::value;
+    return tma ? probe<true, 1, kM, kC> : warps == 1 ? probe<false, 1, kM, kC> : warps == 2 ? probe<false, 2, kM, kC>
+                                                                                       : probe<false, 4, kM, kC>;
   };
-  auto kern = mma ? pick(std::true_type{}) : pick(std::false_type{});
+  auto kern = coop ? pick(std::true_type{}, std::true_type{})
+              : mma ? pick(std::true_type{}, std::false_type{}) : pick(std::false_type{}, std::false_type{});
   CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -366,10 +418,10 @@ int main(int argc, char** argv) {
   const float med = ms[reps / 2];
   const double stages_per_cta = double(a.tiles) * a.k_tiles / sms;
   const double bytes = double(a.tiles) * a.k_tiles * kTileBytes;
-  const double tflops = mma ? 2.0 * kBlkM * kBlkN * kBlkK * double(a.tiles) * a.k_tiles / (med * 1e-3) / 1e12 : 0;
-  std::printf("mode=%s consumer=%s warps=%d gather=%d T=%d H=%d K=%d n_tiles=%d consume_ns=%lld: %.3f ms, "
+  const double tflops = mma ? 2.0 * kBlkM * blk_n * kBlkK * double(a.tiles) * a.k_tiles / (med * 1e-3) / 1e12 : 0;
+  std::printf("mode=%s consumer=%s tile=%s warps=%d gather=%d T=%d H=%d K=%d n_tiles=%d consume_ns=%lld: %.3f ms, "
               "%.3f us/stage, %.0f GB/s of A, %.0f TFLOP/s\n",
-              mode, consumer, warps, a.gather, T, H, K, n_tiles, consume_ns, med, med * 1e3 / stages_per_cta,
-              bytes / (med * 1e-3) / 1e9, tflops);
+              mode, consumer, tile_name, warps, a.gather, T, H, K, n_tiles, consume_ns, med,
+              med * 1e3 / stages_per_cta, bytes / (med * 1e-3) / 1e9, tflops);
   return 0;
 }

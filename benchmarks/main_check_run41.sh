@@ -17,6 +17,11 @@
 #   targets energy_probe.py --preset issue13, two interleaved rounds: issue 13's targets with that rule;
 #   suite-tall bench_moe.py --suite on three shapes whose down and d_x the rule now runs in variant 5, against the
 #          grouped_mm path (bf16 weight gradients).
+#   gather-coop  benchmarks/gather_producer_probe.cu's wgmma consumer in the ping-pong 128x192 tile (run 33's) and
+#          in the cooperative 128x256 one (SonicMoE's gathered gate/up tile, without its 2x1 clusters), A by one TMA
+#          or gathered by four cp.async warps (and the same four reading contiguous rows), on Qwen3-30B-A3B's and
+#          mid-64e's gate/up shapes: whether the cooperative tile hides the gather that cost run 33's tile 24%.
+#          $PROBE: the probe built on the CPU box (default .build/probe/gather_probe, carried).
 # Printing steps for the CPU checks (tests/test_device_scripts.py): ab-workloads, mid-workloads, tall-suite.
 # Usage (repo root, a library of this tree carried):
 #   MOK_FAST_LIB=$PWD/.build/<build>/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run41.sh tiles ab
@@ -32,6 +37,7 @@ MID_WORKLOADS=$(for s in qwen3-30b-a3b qwen3-235b-a22b olmoe-1b-7b deepseek-v2-l
                          qwen3-next-80b-a3b deepseek-v2 qwen1.5-moe-a2.7b mid-64e; do
   printf 'mok:%s ' "$s"; for x in $MID_SUFFIXES; do printf 'mok:%s%s ' "$s" "$x"; done; done)
 TALL_SUITE=qwen1.5-moe-a2.7b,glm-4.5-air,olmoe-1b-7b  # suite.json shapes the rule now runs tall
+PROBE=${PROBE:-.build/probe/gather_probe}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
 for step in "$@"; do
@@ -62,6 +68,17 @@ for step in "$@"; do
                 timeout $(( $(left) - 5 )) python benchmarks/bench_moe.py --suite --weight-grads bf16 \
                   --methods mok_gu,grouped_mm --configs $TALL_SUITE 2>&1 | grep -v -i warn | tee "$OUT/suite_tall.log" \
                   | tail -12;;
+    gather-coop) echo "== gather-coop ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+                 # gate/up column tiles: 2I / 192 (ping-pong) and 2I / 256 (cooperative)
+                 for shape in "--tokens 16384 --hidden 2048 --topk 8:8:6" "--tokens 8192 --hidden 4096 --topk 6:16:12"; do
+                   IFS=: read -r dims n_pp n_co <<< "$shape"
+                   for tile in "pingpong $n_pp" "coop $n_co"; do
+                     read -r tile_name n_tiles <<< "$tile"
+                     for mode in "--mode tma" "--mode cpasync --warps 4" "--mode cpasync --warps 4 --contiguous"; do
+                       timeout 30 "$PROBE" $mode $dims --n-tiles $n_tiles --consumer wgmma --tile $tile_name
+                     done
+                   done
+                 done 2>&1 | tee "$OUT/gather_coop.log";;
     tall-suite) echo $TALL_SUITE;;
     ab-workloads) echo $AB_WORKLOADS;;
     mid-workloads) echo $MID_WORKLOADS;;
