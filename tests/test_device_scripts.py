@@ -345,3 +345,29 @@ def test_main_check_run41_tall_suite_shapes_are_suite_shapes_the_rule_runs_tall(
     for n in names:
         c = suite[n]
         assert _tiles.variant(_lib.GEMM_NN_BF16, c["H"], c["I"]) == _tiles.COOPERATIVE_TALL_1X2, c
+
+
+def test_main_check_run41_gather_coop_runs_each_tile_over_the_gate_up_column_tiles(tmp_path):
+    """Run 41's gather-coop step: the probe on Qwen3-30B-A3B's and mid-64e's gate/up shapes, in each tile with the
+    gate/up's column tiles (2I over the tile's N: 192 ping-pong, 256 cooperative), A by TMA, gathered, contiguous."""
+    import os
+    import subprocess
+
+    from bench_moe import CONFIGS, load_configs  # bench_scripts put benchmarks/ on the path
+    fake = tmp_path / "probe"
+    fake.write_text('#!/bin/sh\necho "PROBE $@"\n')
+    fake.chmod(0o755)
+    r = subprocess.run(["bash", str(BENCH / "main_check_run41.sh"), "gather-coop"], capture_output=True, text=True,
+                       cwd=BENCH.parent, env={**os.environ, "OUT": str(tmp_path), "PROBE": str(fake)})
+    runs = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("PROBE ")]
+    assert len(runs) == 12, r.stdout + r.stderr
+    configs = {c["name"]: c for c in load_configs(CONFIGS)}
+    seen = set()
+    for args in runs:
+        opt = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+        c = next(c for c in (configs["qwen3-30b-a3b"], configs["mid-64e"]) if c["H"] == int(opt["--hidden"]))
+        assert (int(opt["--tokens"]), int(opt["--topk"])) == (c["T"], c["K"]), (args, c)
+        assert int(opt["--n-tiles"]) == 2 * c["I"] // {"pingpong": 192, "coop": 256}[opt["--tile"]], args
+        assert opt["--consumer"] == "wgmma" and opt["--mode"] in ("tma", "cpasync"), args
+        seen.add((c["name"], opt["--tile"], opt["--mode"], "--contiguous" in args))
+    assert len(seen) == 12, seen
