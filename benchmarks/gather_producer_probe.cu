@@ -203,42 +203,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-  } else if constexpr (kMma && kCoop) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int h = wg - 1;  // this warpgroup's 64-row half of the tile, all 256 columns
-    float acc[128];
-#pragma unroll
-    for (int j = 0; j < 128; ++j) acc[j] = 0.f;
-    int it = 0;
-    for (int i = 0; i < my_tiles; ++i) {
-      for (int kt = 0; kt < a.k_tiles; ++kt, ++it) {
-        const int s = it % kStages, ph = (it / kStages) & 1;
-        mbar_wait(&full[s], ph);
-        if constexpr (!kTma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        const uint32_t sa = smem_u32(tiles + s * kStageBytes), sb = sa + kTileBytes;
-        cute::warpgroup_arrive();
-#pragma unroll
-        for (int k = 0; k < kBlkK / 16; ++k) {
-          const gmma::ScaleOut scale = (kt == 0 && k == 0) ? gmma::ScaleOut::Zero : gmma::ScaleOut::One;
-          mma_64x256x16(desc_k_sw128(sa + h * 8192 + k * 32), desc_k_sw128(sb + k * 32), acc, scale,
-                        std::make_index_sequence<128>{});
-        }
-        cute::warpgroup_commit_batch();
-        cute::warpgroup_wait<1>();
-        if (kt > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
-      }
-      cute::warpgroup_wait<0>();
-      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
-    }
-    if (blockIdx.x == 0 && (threadIdx.x == 128 || threadIdx.x == 256)) a.sink[h] = acc[0] + acc[127];
   } else if constexpr (kMma) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    if (wg != 1) return;  // one consumer warpgroup: the mainloop back to back, as if the epilogues were free
-    float acc[2][96];
+    // ping-pong: one consumer warpgroup multiplies both 64-row halves of the 192 columns (the mainloop back to back,
+    // as if the epilogues were free); cooperative: warpgroups 1 and 2, each its 64-row half of the 256 columns
+    if (!kCoop && wg != 1) return;
+    constexpr int kHalves = kCoop ? 1 : 2, kAcc = kBlkN / 2;  // halves a warpgroup, accumulators a thread per half
+    const int h0 = kCoop ? wg - 1 : 0;
+    float acc[kHalves][kAcc];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < kHalves; ++h)
 #pragma unroll
-      for (int j = 0; j < 96; ++j) acc[h][j] = 0.f;
+      for (int j = 0; j < kAcc; ++j) acc[h][j] = 0.f;
     int it = 0;
     for (int i = 0; i < my_tiles; ++i) {
       for (int kt = 0; kt < a.k_tiles; ++kt, ++it) {
@@ -251,9 +227,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int k = 0; k < kBlkK / 16; ++k) {  // 16 elements = 32 bytes along each 128-byte row
           const gmma::ScaleOut scale = (kt == 0 && k == 0) ? gmma::ScaleOut::Zero : gmma::ScaleOut::One;
 #pragma unroll
-          for (int h = 0; h < 2; ++h)  // rows [64 h, 64 h + 64): 8 groups of 8 rows, 1024 bytes each
-            mma_64x192x16(desc_k_sw128(sa + h * 8192 + k * 32), desc_k_sw128(sb + k * 32), acc[h], scale,
-                          std::make_index_sequence<96>{});
+          for (int h = 0; h < kHalves; ++h) {  // rows [64 h, 64 h + 64): 8 groups of 8 rows, 1024 bytes each
+            const uint64_t da = desc_k_sw128(sa + (h0 + h) * 8192 + k * 32), db = desc_k_sw128(sb + k * 32);
+            if constexpr (kCoop) mma_64x256x16(da, db, acc[h], scale, std::make_index_sequence<kAcc>{});
+            else mma_64x192x16(da, db, acc[h], scale, std::make_index_sequence<kAcc>{});
+          }
         }
         cute::warpgroup_commit_batch();
         cute::warpgroup_wait<1>();  // the previous stage's wgmma are done: release it
@@ -262,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_wait<0>();  // the tile's end: an epilogue would read the accumulators here
       if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
     }
-    if (blockIdx.x == 0 && threadIdx.x == 128) *a.sink = acc[0][0] + acc[1][95];
+    if (blockIdx.x == 0 && threadIdx.x % 128 == 0) a.sink[wg - 1] = acc[0][0] + acc[kHalves - 1][kAcc - 1];
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     if (wg != 1) return;  // one consumer warpgroup
