@@ -50,13 +50,14 @@ def load_configs(path: Path) -> list[dict]:
     return json.loads(Path(path).read_text())["configs"]
 
 
-def named_configs(names: str) -> list[dict]:
-    """The configs of configs.json or suite.json named in `names` (comma-separated), in that order; ValueError naming
-    any that neither file holds."""
-    by_name = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
+def named_configs(names: str, files: tuple[Path, ...] | None = None) -> list[dict]:
+    """The configs of `files` (default configs.json and suite.json) named in `names` (comma-separated), in that order;
+    ValueError naming any that none of the files holds."""
+    files = files or (CONFIGS, SUITE)
+    by_name = {c["name"]: c for f in files for c in load_configs(f)}
     unknown = [n for n in names.split(",") if n not in by_name]
     if unknown:
-        raise ValueError(f"configs: no config {', '.join(map(repr, unknown))} in configs.json or suite.json")
+        raise ValueError(f"configs: no config {', '.join(map(repr, unknown))} in {' or '.join(f.name for f in files)}")
     return [by_name[n] for n in names.split(",")]
 
 
@@ -257,11 +258,10 @@ def main() -> None:
             a.methods = "mok,grouped_mm"
     configs = load_configs(SUITE if a.suite else CONFIGS)
     if a.configs:  # in the order given; a name the file does not hold is refused, not skipped
-        by_name = {c["name"]: c for c in configs}
-        unknown = [n for n in a.configs.split(",") if n not in by_name]
-        if unknown:
-            ap.error(f"--configs: no config {', '.join(map(repr, unknown))} in {(SUITE if a.suite else CONFIGS).name}")
-        configs = [by_name[n] for n in a.configs.split(",")]
+        try:
+            configs = named_configs(a.configs, (SUITE if a.suite else CONFIGS,))
+        except ValueError as e:
+            ap.error(f"--{e}")
     if a.no_shared:
         configs = [dict(c, S=0) for c in configs]
     methods = a.methods.split(",")

@@ -30,28 +30,28 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # MOK_FAST_GEMM_VARIANT, MokGemmKind order: down (TN_BF16) and d_x (NN_BF16) in variant 5; the fused gate/up
 # (TN_SWIGLU_FWD) in variant 1 or 2
 SUFFIXES="+MOK_FAST_GEMM_VARIANT=,5,,5,,,,, +MOK_FAST_GEMM_VARIANT=,,,,,,,1, +MOK_FAST_GEMM_VARIANT=,,,,,,,2,"
-AB_WORKLOADS=$(for s in qwen3-30b-a3b mid-64e@S0 dsv3-ep8-slice@S0 mixtral-8x7b; do
-  printf 'mok:%s ' "$s"; for x in $SUFFIXES; do printf 'mok:%s%s ' "$s" "$x"; done; done)
+source "$(dirname "$0")/workload_pairs.sh"
+AB_WORKLOADS=$(each "$SUFFIXES" qwen3-30b-a3b mid-64e@S0 dsv3-ep8-slice@S0 mixtral-8x7b)
 MID_SUFFIXES="+MOK_FAST_GEMM_VARIANT=,5,,5,,,,, +MOK_FAST_GEMM_VARIANT=,,,,,,,1, +MOK_FAST_GEMM_VARIANT=,5,,5,,,,1,"
-MID_WORKLOADS=$(for s in qwen3-30b-a3b qwen3-235b-a22b olmoe-1b-7b deepseek-v2-lite glm-4.5-air granite-3.0-3b-a800m \
-                         qwen3-next-80b-a3b deepseek-v2 qwen1.5-moe-a2.7b mid-64e; do
-  printf 'mok:%s ' "$s"; for x in $MID_SUFFIXES; do printf 'mok:%s%s ' "$s" "$x"; done; done)
+MID_WORKLOADS=$(each "$MID_SUFFIXES" qwen3-30b-a3b qwen3-235b-a22b olmoe-1b-7b deepseek-v2-lite glm-4.5-air \
+                granite-3.0-3b-a800m qwen3-next-80b-a3b deepseek-v2 qwen1.5-moe-a2.7b mid-64e)
 TALL_SUITE=qwen1.5-moe-a2.7b,glm-4.5-air,olmoe-1b-7b  # suite.json shapes the rule now runs tall
 PROBE=${PROBE:-.build/probe/gather_probe}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
+# energy LOG LINES CAP ARGS...: energy_probe.py ARGS in two interleaved rounds (2 s steady, 1 s cool), within CAP
+# seconds and what is left, logged to $OUT/LOG, its last LINES lines shown
+energy() { local log=$1 lines=$2 cap=$3; shift 3
+           timeout $(( $(left) - 5 < cap ? $(left) - 5 : cap )) python benchmarks/energy_probe.py "$@" --rounds 2 \
+             --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/$log" | tail -"$lines"; }
 for step in "$@"; do
   case $step in
     tiles) echo "== tiles ($(left) s left)"; nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
            timeout $(( $(left) < 200 ? $(left) : 200 )) python -m pytest -q -p no:cacheprovider \
              tests/gpu/test_fast_fused_fwd.py tests/gpu/test_fast_tiles.py tests/gpu/test_fast_dx_halves.py 2>&1 \
              | tee "$OUT/gpu_tiles.log" | tail -4;;
-    ab) echo "== ab ($(left) s left)"
-        timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py $AB_WORKLOADS --rounds 2 --seconds 2 --cool 1 \
-          2>&1 | grep -v -i warn | tee "$OUT/energy_ab.log" | tail -22;;
-    mid) echo "== mid ($(left) s left)"
-         timeout $(( $(left) - 5 )) python benchmarks/energy_probe.py $MID_WORKLOADS --rounds 2 --seconds 2 --cool 1 \
-           2>&1 | grep -v -i warn | tee "$OUT/energy_mid.log" | tail -44;;
+    ab) echo "== ab ($(left) s left)"; energy energy_ab.log 22 600 $AB_WORKLOADS;;
+    mid) echo "== mid ($(left) s left)"; energy energy_mid.log 44 600 $MID_WORKLOADS;;
     prof) echo "== prof ($(left) s left)"
           for v in "" ,5,,5,,,,1,; do
             echo "-- MOK_FAST_GEMM_VARIANT=$v" | tee -a "$OUT/profile_mid.log"
@@ -61,9 +61,7 @@ for step in "$@"; do
     gpu) echo "== gpu ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
          timeout $(( $(left) < 280 ? $(left) : 280 )) python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
            | tee "$OUT/gpu_tests.log" | tail -3;;
-    targets) echo "== targets ($(left) s left)"
-             timeout $(( $(left) < 150 ? $(left) : 150 )) python benchmarks/energy_probe.py --preset issue13 --rounds 2 \
-               --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_targets.log" | tail -16;;
+    targets) echo "== targets ($(left) s left)"; energy energy_targets.log 16 150 --preset issue13;;
     suite-tall) echo "== suite-tall ($(left) s left)"
                 timeout $(( $(left) - 5 )) python benchmarks/bench_moe.py --suite --weight-grads bf16 \
                   --methods mok_gu,grouped_mm --configs $TALL_SUITE 2>&1 | grep -v -i warn | tee "$OUT/suite_tall.log" \

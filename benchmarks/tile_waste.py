@@ -45,7 +45,7 @@ def waste(counts: list[int], short_cost: float) -> dict:
     def share(tile_equivalents: float) -> float:
         return (tile_equivalents * TILE - rows) / rows if rows else 0.0
 
-    return {"tiles": tiles, "short": short, "one": share(tiles),
+    return {"tiles": tiles, "short": short, "one": one_launch_waste(counts, TILE),
             "split": share(whole + long_last + short_cost * short), "paired": share(whole + long_last + short / 2)}
 
 
