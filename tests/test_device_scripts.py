@@ -371,3 +371,20 @@ def test_main_check_run41_gather_coop_runs_each_tile_over_the_gate_up_column_til
         assert opt["--consumer"] == "wgmma" and opt["--mode"] in ("tma", "cpasync"), args
         seen.add((c["name"], opt["--tile"], opt["--mode"], "--contiguous" in args))
     assert len(seen) == 12, seen
+
+
+def test_main_check_run42_ab_workloads_triple_each_shape_with_only_the_d_a_kind_in_variant_4_then_5(tmp_path):
+    """Run 42's ab step: five shapes of mid-sized and small experts (issue 13's three with I <= 2048, OLMoE-1B-7B,
+    GLM-4.5-Air), each by the rule, then with only the d_a + SwiGLU-backward kind in variant 4 (ping-pong in 1x2
+    clusters), then in variant 5 (cooperative 256x128 in 1x2 clusters)."""
+    from mok.fast._lib import GEMM_NN_SWIGLU_BWD
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step("main_check_run42.sh", "ab-workloads", tmp_path)]
+    assert len(parsed) == 15 and all(k == "mok" for k, _, _ in parsed), parsed
+    for i in range(0, 15, 3):
+        triple = parsed[i:i + 3]
+        assert all(c == triple[0][1] for _, c, _ in triple) and triple[0][2] == {}, triple
+        assert [env["MOK_FAST_GEMM_VARIANT"].split(",") for _, _, env in triple[1:]] == [
+            forced_entries((GEMM_NN_SWIGLU_BWD,), v) for v in ("4", "5")], triple
+    names = [c["name"] for _, c, _ in parsed[::3]]
+    assert len(set(names)) == 5 and "qwen3-30b-a3b" in names and "olmoe-1b-7b" in names, names

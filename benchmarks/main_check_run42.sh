@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Run 42's device call: the d_a + SwiGLU-backward kind (GEMM_NN_SWIGLU_BWD) in two new tile variants, both sharing its
+# A tiles (the go rows) between the two CTAs of a 1x2 cluster by TMA multicast, against its L2-bound launch (runs 35
+# and 36: L2 throughput 100%, each go row block read once per 192-column tile): variant 4 = the rule's ping-pong
+# 128x192 with its loaded epilogue, in 1x2 clusters; variant 5 = cooperative 256x128 in 1x2 clusters with the
+# register epilogue (the down and d_x GEMMs' tile since run 41). Steps, each logged under $OUT, each given what is
+# left of BUDGET_S (seconds, default 560):
+#   tiles  the GPU tests of every tile variant: the fused d_a kind against the unfused pair in every variant
+#          (test_fast_fused.py) and the layer's outputs in every variant against variant 0 (test_fast_tiles.py);
+#   dact   bench_d_act.py: the d_a step alone in variants 3 (the rule), 4 and 5, bits checked first;
+#   ab     whole steps (energy_probe.py, two interleaved rounds) of five shapes by the rule, then with only the d_a
+#          kind in variant 4, then in variant 5.
+# Printing step for the CPU checks (tests/test_device_scripts.py): ab-workloads.
+# Usage (repo root, a library of this tree carried):
+#   MOK_FAST_LIB=$PWD/.build/<build>/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run42.sh tiles dact ab
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# MOK_FAST_GEMM_VARIANT, MokGemmKind order: the d_a + SwiGLU-backward kind (the seventh entry) in variant 4 or 5
+SUFFIXES="+MOK_FAST_GEMM_VARIANT=,,,,,,4,, +MOK_FAST_GEMM_VARIANT=,,,,,,5,,"
+source "$(dirname "$0")/workload_pairs.sh"
+AB_WORKLOADS=$(each "$SUFFIXES" qwen3-30b-a3b olmoe-1b-7b mid-64e@S0 glm-4.5-air dsv3-ep8-slice@S0)
+DACT_SHAPES=qwen3-30b-a3b,olmoe-1b-7b,mid-64e,glm-4.5-air,dsv3-ep8-slice,mixtral-8x7b
+start=$(date +%s)
+left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
+for step in "$@"; do
+  case $step in
+    tiles) echo "== tiles ($(left) s left)"; nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+           timeout $(( $(left) < 220 ? $(left) : 220 )) python -m pytest -q -p no:cacheprovider \
+             tests/gpu/test_fast_fused.py tests/gpu/test_fast_tiles.py 2>&1 | tee "$OUT/gpu_tiles.log" | tail -4;;
+    dact) echo "== dact ($(left) s left)"
+          timeout $(( $(left) < 150 ? $(left) : 150 )) python benchmarks/bench_d_act.py $DACT_SHAPES --variants 3,4,5 \
+            2>&1 | grep -v -i warn | tee "$OUT/bench_d_act.log" | tail -14;;
+    ab) echo "== ab ($(left) s left)"
+        timeout $(( $(left) - 5 < 330 ? $(left) - 5 : 330 )) python benchmarks/energy_probe.py $AB_WORKLOADS \
+          --rounds 2 --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_ab.log" | tail -20;;
+    ab-workloads) echo $AB_WORKLOADS;;
+    *) echo "unknown step $step"; exit 2;;
+  esac
+  case $step in ab-workloads) ;; *) date -u;; esac
+done
