@@ -10,7 +10,13 @@
 #   dact   bench_d_act.py: the d_a step alone in variants 3 (the rule), 4 and 5, bits checked first;
 #   ab     whole steps (energy_probe.py, two interleaved rounds) of five shapes by the rule, then with only the d_a
 #          kind in variant 4, then in variant 5.
-# Printing step for the CPU checks (tests/test_device_scripts.py): ab-workloads.
+#   split  whole steps (two interleaved rounds) of four shapes the rule keeps out of variant 5 for the down and d_x
+#          GEMMs (I > 1536 or H > 4096), by the rule, then with only the down kind in variant 5, then only the d_x
+#          kind: run 41 forced the two together (a tie on the DeepSeek-V3 slice, slower on DeepSeek-V2), while
+#          SonicMoE's down GEMM on the DeepSeek-V3 slice, in that tile, took 18% less time than mok's (run 40);
+#   split-prof  profile_fast.py (each kernel of one step) of the DeepSeek-V3 slice and DeepSeek-V2 by the rule, then
+#          with the down and d_x kinds in variant 5: what the tile does to each of the two launches.
+# Printing steps for the CPU checks (tests/test_device_scripts.py): ab-workloads, split-workloads.
 # Usage (repo root, a library of this tree carried):
 #   MOK_FAST_LIB=$PWD/.build/<build>/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run42.sh tiles dact ab
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
@@ -19,6 +25,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SUFFIXES="+MOK_FAST_GEMM_VARIANT=,,,,,,4,, +MOK_FAST_GEMM_VARIANT=,,,,,,5,,"
 source "$(dirname "$0")/workload_pairs.sh"
 AB_WORKLOADS=$(each "$SUFFIXES" qwen3-30b-a3b olmoe-1b-7b mid-64e@S0 glm-4.5-air dsv3-ep8-slice@S0)
+SPLIT_WORKLOADS=$(each "+MOK_FAST_GEMM_VARIANT=,5,,,,,,, +MOK_FAST_GEMM_VARIANT=,,,5,,,,," dsv3-ep8-slice@S0 \
+                deepseek-v2 mixtral-8x7b qwen2-57b-a14b)
 DACT_SHAPES=qwen3-30b-a3b,olmoe-1b-7b,mid-64e,glm-4.5-air,dsv3-ep8-slice,mixtral-8x7b
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
@@ -33,8 +41,19 @@ for step in "$@"; do
     ab) echo "== ab ($(left) s left)"
         timeout $(( $(left) - 5 < 330 ? $(left) - 5 : 330 )) python benchmarks/energy_probe.py $AB_WORKLOADS \
           --rounds 2 --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_ab.log" | tail -20;;
+    split) echo "== split ($(left) s left)"
+           timeout $(( $(left) - 5 < 240 ? $(left) - 5 : 240 )) python benchmarks/energy_probe.py $SPLIT_WORKLOADS \
+             --rounds 2 --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_split.log" | tail -16;;
+    split-prof) echo "== split-prof ($(left) s left)"
+                for v in "" ,5,,5,,,,,; do
+                  echo "-- MOK_FAST_GEMM_VARIANT=$v" | tee -a "$OUT/profile_split.log"
+                  MOK_FAST_GEMM_VARIANT=$v timeout $(( $(left) < 90 ? $(left) : 90 )) python benchmarks/profile_fast.py \
+                    dsv3-ep8-slice,deepseek-v2 2>&1 | grep -v -i warn | tee -a "$OUT/profile_split.log" \
+                    | grep -E "^==|down|d_x|wall"
+                done;;
     ab-workloads) echo $AB_WORKLOADS;;
+    split-workloads) echo $SPLIT_WORKLOADS;;
     *) echo "unknown step $step"; exit 2;;
   esac
-  case $step in ab-workloads) ;; *) date -u;; esac
+  case $step in ab-workloads|split-workloads) ;; *) date -u;; esac
 done
