@@ -41,7 +41,10 @@ step and 0.7-2.0% less time on mid-64e, the DeepSeek-V3 slice and Mixtral-8x7B, 
 and OLMoE-1B-7B (I <= 1024), which kept the pair. It also saves that transient R x I x 4 bytes.
 `MOK_FAST_FUSE_SWIGLU_BWD=1` / `=0` fuses wherever 8 splits I and S / nowhere. The fused kind's 2x1-cluster
 variant, faster alone on OLMoE-1B-7B and the DeepSeek-V3 slice (run 27), tied the rule on their whole steps (run 28,
-an H100: 10.60 against 10.57 and 31.25 against 31.20 ms steady), so the rule keeps the ping-pong tile.
+an H100: 10.60 against 10.57 and 31.25 against 31.20 ms steady), so the rule keeps the ping-pong tile. Nor do the
+kind's 1x2-cluster variants that share A, the go rows (run 42, an H100, benchmarks/RESULTS.md): variant 4 (this
+ping-pong tile in 1x2 clusters) was 6-27% slower alone on five of six shapes and its steps 1-4% slower on four of
+five (OLMoE-1B-7B the exception: 1.7% faster steady); variant 5 (cooperative 256x128) 20-71% slower alone.
 
 The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
 up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
