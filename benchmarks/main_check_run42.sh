@@ -17,7 +17,9 @@
 #   split-prof  profile_fast.py (each kernel of one step) of the DeepSeek-V3 slice and DeepSeek-V2 by the rule, then
 #          with the down and d_x kinds in variant 5: what the tile does to each of the two launches.
 # Printing steps for the CPU checks (tests/test_device_scripts.py): ab-workloads, split-workloads.
-# Usage (repo root, a library of this tree carried):
+# The d_a variants are in benchmarks/d_a_shared_a_run42.diff (measured, not merged: benchmarks/RESULTS.md run 42), so
+# the tiles, dact and ab steps need a library of main with it applied; split and split-prof need main's own.
+# Usage (repo root, such a library carried):
 #   MOK_FAST_LIB=$PWD/.build/<build>/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run42.sh tiles dact ab
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -42,7 +42,8 @@ and OLMoE-1B-7B (I <= 1024), which kept the pair. It also saves that transient R
 `MOK_FAST_FUSE_SWIGLU_BWD=1` / `=0` fuses wherever 8 splits I and S / nowhere. The fused kind's 2x1-cluster
 variant, faster alone on OLMoE-1B-7B and the DeepSeek-V3 slice (run 27), tied the rule on their whole steps (run 28,
 an H100: 10.60 against 10.57 and 31.25 against 31.20 ms steady), so the rule keeps the ping-pong tile. Nor do the
-kind's 1x2-cluster variants that share A, the go rows (run 42, an H100, benchmarks/RESULTS.md): variant 4 (this
+kind in 1x2-cluster tiles that share A, the go rows (run 42, an H100, benchmarks/d_a_shared_a_run42.diff, not merged;
+benchmarks/RESULTS.md): variant 4 (this
 ping-pong tile in 1x2 clusters) was 6-27% slower alone on five of six shapes and its steps 1-4% slower on four of
 five (OLMoE-1B-7B the exception: 1.7% faster steady); variant 5 (cooperative 256x128) 20-71% slower alone.
 

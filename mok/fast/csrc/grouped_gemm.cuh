@@ -347,13 +347,10 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
 //   4: for the weight-gradient kinds (A M-major: K runs over an expert's rows, M and N are model constants),
 //      ping-pong 192x128x64 in 1x2 clusters (the two CTAs share A tiles): the same loads and registers a tile as
 //      variant 2 with the tile's sides swapped, so an output whose N is a multiple of 256 but not of 192 (2048,
-//      4096) and whose M is a multiple of 192 (768, 1536) has no part-empty tiles. For the d_a + SwiGLU-backward
-//      kind, ping-pong 128x192x64 in 1x2 clusters (the two CTAs compute two column tiles of the same 128 go rows and
-//      share A by TMA multicast; the loaded epilogue as in variant 3). Variant 3 for the other kinds.
-//   5: for the row-tiled kinds with bf16 output (down, d_x, and d_a + SwiGLU backward), cooperative 256x128x64 in
-//      1x2 clusters (the two CTAs compute two column tiles of the same 256 rows and share the A tiles by TMA
-//      multicast): the same stage size and accumulators a thread as variant 0, a third less traffic from L2 a tile
-//      (the d_a kind with variant 0's register epilogue). Variant 0 for the others.
+//      4096) and whose M is a multiple of 192 (768, 1536) has no part-empty tiles. Variant 3 for the other kinds.
+//   5: for the plain row-tiled kinds with bf16 output (down, d_x), cooperative 256x128x64 in 1x2 clusters (the two
+//      CTAs compute two column tiles of the same 256 rows and share the A tiles by TMA multicast): the same stage
+//      size and accumulators a thread as variant 0, a third less traffic from L2 a tile. Variant 0 for the others.
 using KernelCoop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 using EpiCoop = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 using KernelPingpong = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
@@ -367,12 +364,10 @@ struct VariantOf {
   static_assert(V >= 0 && V < MOK_GEMM_NUM_VARIANTS, "tile variant out of range");
   static constexpr bool kWgrad = cute::is_same_v<LA, cutlass::layout::ColumnMajor>;  // A M-major: rows are K
   static constexpr bool kSwapped = V == 4 && kWgrad;
-  static constexpr bool kSharedA = V == 4 && kEpi == Epi::kSwigluBwd;  // ping-pong 128x192, 1x2 clusters
-  static constexpr bool kTall = V == 5 && !kWgrad && (kEpi == Epi::kLinear || kEpi == Epi::kSwigluBwd) &&
-                                cute::is_same_v<ED, cutlass::bfloat16_t>;
+  static constexpr bool kTall = V == 5 && !kWgrad && kEpi == Epi::kLinear && cute::is_same_v<ED, cutlass::bfloat16_t>;
   static constexpr bool kPingpong = V >= 2 && V != 5;
   static constexpr int kClusterM = (V == 1 || V == 2) ? 2 : 1;
-  static constexpr int kClusterN = (kSwapped || kSharedA || kTall) ? 2 : 1;
+  static constexpr int kClusterN = (kSwapped || kTall) ? 2 : 1;
   using Tile = cute::conditional_t<
       kSwapped, Shape<_192, _128, _64>,
       cute::conditional_t<kTall, Shape<_256, _128, _64>,
