@@ -49,8 +49,9 @@ for step in "$@"; do
     split-prof) echo "== split-prof ($(left) s left)"
                 for v in "" ,5,,5,,,,,; do
                   echo "-- MOK_FAST_GEMM_VARIANT=$v" | tee -a "$OUT/profile_split.log"
-                  MOK_FAST_GEMM_VARIANT=$v timeout $(( $(left) < 90 ? $(left) : 90 )) python benchmarks/profile_fast.py \
-                    dsv3-ep8-slice,deepseek-v2 2>&1 | grep -v -i warn | tee -a "$OUT/profile_split.log" \
+                  MOK_FAST_GEMM_VARIANT=$v timeout $(( $(left) < 90 ? $(left) : 90 )) \
+                    python benchmarks/profile_fast.py dsv3-ep8-slice,deepseek-v2 2>&1 | grep -v -i warn \
+                    | tee -a "$OUT/profile_split.log" \
                     | grep -E "^==|down|d_x|wall"
                 done;;
     ab-workloads) echo $AB_WORKLOADS;;

@@ -45,11 +45,20 @@ def forced_kind_pairs(script: str, step: str, tmp_path, kind, variant: str, n_pa
     """The configs of `bash benchmarks/<script> <step>`'s workloads, checked to be `n_pairs` pairs of one mok
     config: first as the rule runs it (nothing forced), then with only GEMM kind `kind` (an int, or a tuple of
     kinds; MOK_FAST_GEMM_VARIANT's entries in MokGemmKind order) forced to `variant`."""
+    return forced_kind_groups(script, step, tmp_path, [(kind, variant)], n_pairs)
+
+
+def forced_kind_groups(script: str, step: str, tmp_path, forcings, n_shapes: int):
+    """The configs of `bash benchmarks/<script> <step>`'s workloads, checked to be `n_shapes` groups of one mok
+    config each: first as the rule runs it (nothing forced), then once for each (kind, variant) of `forcings` with
+    only that GEMM kind (an int, or a tuple of kinds) forced to that variant, in that order."""
     parse, configs = energy_probe()
     parsed = [parse(s, configs) for s in script_step(script, step, tmp_path)]
-    assert len(parsed) == 2 * n_pairs and all(k == "mok" for k, _, _ in parsed), parsed
-    forced = forced_entries(kind if isinstance(kind, tuple) else (kind,), variant)
-    for (_, c0, env0), (_, c1, env1) in zip(parsed[::2], parsed[1::2]):
-        assert c0 == c1 and env0 == {}, (c0, c1, env0)
-        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == forced, env1
-    return [c for _, c, _ in parsed[::2]]
+    size = 1 + len(forcings)
+    assert len(parsed) == size * n_shapes and all(k == "mok" for k, _, _ in parsed), parsed
+    wants = [forced_entries(k if isinstance(k, tuple) else (k,), v) for k, v in forcings]
+    for i in range(0, len(parsed), size):
+        (_, c0, env0), *rest = parsed[i:i + size]
+        assert env0 == {} and all(c == c0 for _, c, _ in rest), parsed[i:i + size]
+        assert [env["MOK_FAST_GEMM_VARIANT"].split(",") for _, _, env in rest] == wants, rest
+    return [c for _, c, _ in parsed[::size]]

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from bench_scripts import BENCH, energy_probe, forced_entries, forced_kind_pairs, row_tiled_kinds, script_step
+from bench_scripts import (BENCH, energy_probe, forced_entries, forced_kind_groups, forced_kind_pairs, row_tiled_kinds,
+                           script_step)
 
 
 def _new_shapes_check_workloads(tmp_path, step: str):
@@ -379,15 +380,9 @@ def test_main_check_run42_ab_workloads_triple_each_shape_with_only_the_d_a_kind_
     GLM-4.5-Air), each by the rule, then with only the d_a + SwiGLU-backward kind in variant 4 (ping-pong in 1x2
     clusters), then in variant 5 (cooperative 256x128 in 1x2 clusters)."""
     from mok.fast._lib import GEMM_NN_SWIGLU_BWD
-    parse, configs = energy_probe()
-    parsed = [parse(s, configs) for s in script_step("main_check_run42.sh", "ab-workloads", tmp_path)]
-    assert len(parsed) == 15 and all(k == "mok" for k, _, _ in parsed), parsed
-    for i in range(0, 15, 3):
-        triple = parsed[i:i + 3]
-        assert all(c == triple[0][1] for _, c, _ in triple) and triple[0][2] == {}, triple
-        assert [env["MOK_FAST_GEMM_VARIANT"].split(",") for _, _, env in triple[1:]] == [
-            forced_entries((GEMM_NN_SWIGLU_BWD,), v) for v in ("4", "5")], triple
-    names = [c["name"] for _, c, _ in parsed[::3]]
+    shapes = forced_kind_groups("main_check_run42.sh", "ab-workloads", tmp_path,
+                                [(GEMM_NN_SWIGLU_BWD, "4"), (GEMM_NN_SWIGLU_BWD, "5")], n_shapes=5)
+    names = [c["name"] for c in shapes]
     assert len(set(names)) == 5 and "qwen3-30b-a3b" in names and "olmoe-1b-7b" in names, names
 
 
@@ -396,13 +391,7 @@ def test_main_check_run42_split_workloads_force_the_down_then_the_d_x_kind_alone
     with only the down kind (TN_BF16) in variant 5, then with only the d_x kind (NN_BF16)."""
     from mok.fast import _tiles
     from mok.fast._lib import GEMM_NN_BF16, GEMM_TN_BF16
-    parse, configs = energy_probe()
-    parsed = [parse(s, configs) for s in script_step("main_check_run42.sh", "split-workloads", tmp_path)]
-    assert len(parsed) == 12 and all(k == "mok" for k, _, _ in parsed), parsed
-    for i in range(0, 12, 3):
-        triple = parsed[i:i + 3]
-        assert all(c == triple[0][1] for _, c, _ in triple) and triple[0][2] == {}, triple
-        assert [env["MOK_FAST_GEMM_VARIANT"].split(",") for _, _, env in triple[1:]] == [
-            forced_entries((GEMM_TN_BF16,), "5"), forced_entries((GEMM_NN_BF16,), "5")], triple
-        c = triple[0][1]
+    shapes = forced_kind_groups("main_check_run42.sh", "split-workloads", tmp_path,
+                                [(GEMM_TN_BF16, "5"), (GEMM_NN_BF16, "5")], n_shapes=4)
+    for c in shapes:
         assert _tiles.variant(GEMM_TN_BF16, c["H"], c["I"]) != _tiles.COOPERATIVE_TALL_1X2, c
