@@ -45,18 +45,18 @@ def forced_kind_pairs(script: str, step: str, tmp_path, kind, variant: str, n_pa
     """The configs of `bash benchmarks/<script> <step>`'s workloads, checked to be `n_pairs` pairs of one mok
     config: first as the rule runs it (nothing forced), then with only GEMM kind `kind` (an int, or a tuple of
     kinds; MOK_FAST_GEMM_VARIANT's entries in MokGemmKind order) forced to `variant`."""
-    return forced_kind_groups(script, step, tmp_path, [(kind, variant)], n_pairs)
+    forced = forced_entries(kind if isinstance(kind, tuple) else (kind,), variant)
+    return forced_kind_groups(script, step, tmp_path, [forced], n_pairs)
 
 
-def forced_kind_groups(script: str, step: str, tmp_path, forcings, n_shapes: int):
+def forced_kind_groups(script: str, step: str, tmp_path, wants: list[list[str]], n_shapes: int):
     """The configs of `bash benchmarks/<script> <step>`'s workloads, checked to be `n_shapes` groups of one mok
-    config each: first as the rule runs it (nothing forced), then once for each (kind, variant) of `forcings` with
-    only that GEMM kind (an int, or a tuple of kinds) forced to that variant, in that order."""
+    config each: first as the rule runs it (nothing forced), then once with each of `wants` as
+    MOK_FAST_GEMM_VARIANT's entries (`forced_entries`), in that order."""
     parse, configs = energy_probe()
     parsed = [parse(s, configs) for s in script_step(script, step, tmp_path)]
-    size = 1 + len(forcings)
+    size = 1 + len(wants)
     assert len(parsed) == size * n_shapes and all(k == "mok" for k, _, _ in parsed), parsed
-    wants = [forced_entries(k if isinstance(k, tuple) else (k,), v) for k, v in forcings]
     for i in range(0, len(parsed), size):
         (_, c0, env0), *rest = parsed[i:i + size]
         assert env0 == {} and all(c == c0 for _, c, _ in rest), parsed[i:i + size]

@@ -303,16 +303,10 @@ def test_main_check_run41_ab_workloads_quad_issue13_shapes_with_one_forced_choic
     from mok.fast._lib import GEMM_NN_BF16, GEMM_TN_BF16, GEMM_TN_SWIGLU_FWD
     parse, configs = energy_probe()  # puts benchmarks/ on the path
     from targets import TARGETS
-    parsed = [parse(s, configs) for s in script_step("main_check_run41.sh", "ab-workloads", tmp_path)]
-    assert len(parsed) == 16 and all(k == "mok" for k, _, _ in parsed), parsed
-    wants = [None, forced_entries((GEMM_TN_BF16, GEMM_NN_BF16), "5"), forced_entries((GEMM_TN_SWIGLU_FWD,), "1"),
+    wants = [forced_entries((GEMM_TN_BF16, GEMM_NN_BF16), "5"), forced_entries((GEMM_TN_SWIGLU_FWD,), "1"),
              forced_entries((GEMM_TN_SWIGLU_FWD,), "2")]
-    for i in range(0, 16, 4):
-        quad = parsed[i:i + 4]
-        assert all(c == quad[0][1] for _, c, _ in quad), quad
-        for (_, _, env), want in zip(quad, wants, strict=True):
-            assert (env == {}) if want is None else env["MOK_FAST_GEMM_VARIANT"].split(",") == want, (env, want)
-    assert [c for _, c, _ in parsed[::4]] == [parse(s, configs)[1] for s in TARGETS]
+    shapes = forced_kind_groups("main_check_run41.sh", "ab-workloads", tmp_path, wants, n_shapes=4)
+    assert shapes == [parse(s, configs)[1] for s in TARGETS]
 
 
 def test_main_check_run41_mid_workloads_quad_shapes_with_i_up_to_1536(tmp_path):
@@ -320,18 +314,10 @@ def test_main_check_run41_mid_workloads_quad_shapes_with_i_up_to_1536(tmp_path):
     only the down and d_x kinds in variant 5, only the fused gate/up in variant 1, and both."""
     from mok.fast import _tiles
     from mok.fast._lib import GEMM_NN_BF16, GEMM_TN_BF16, GEMM_TN_SWIGLU_FWD
-    parse, configs = energy_probe()
-    parsed = [parse(s, configs) for s in script_step("main_check_run41.sh", "mid-workloads", tmp_path)]
-    assert len(parsed) == 40 and all(k == "mok" for k, _, _ in parsed), parsed
     tall = forced_entries((GEMM_TN_BF16, GEMM_NN_BF16), "5")
     gu1 = forced_entries((GEMM_TN_SWIGLU_FWD,), "1")
     both = [t or g for t, g in zip(tall, gu1, strict=True)]
-    for i in range(0, 40, 4):
-        quad = parsed[i:i + 4]
-        assert all(c == quad[0][1] for _, c, _ in quad), quad
-        assert quad[0][2] == {} and [env["MOK_FAST_GEMM_VARIANT"].split(",") for _, _, env in quad[1:]] == [
-            tall, gu1, both], quad
-    shapes = [c for _, c, _ in parsed[::4]]
+    shapes = forced_kind_groups("main_check_run41.sh", "mid-workloads", tmp_path, [tall, gu1, both], n_shapes=10)
     assert len({c["name"] for c in shapes}) == 10 and all(c["I"] <= _tiles.PINGPONG_MAX_I for c in shapes), shapes
 
 
@@ -381,7 +367,7 @@ def test_main_check_run42_ab_workloads_triple_each_shape_with_only_the_d_a_kind_
     clusters), then in variant 5 (cooperative 256x128 in 1x2 clusters)."""
     from mok.fast._lib import GEMM_NN_SWIGLU_BWD
     shapes = forced_kind_groups("main_check_run42.sh", "ab-workloads", tmp_path,
-                                [(GEMM_NN_SWIGLU_BWD, "4"), (GEMM_NN_SWIGLU_BWD, "5")], n_shapes=5)
+                                [forced_entries((GEMM_NN_SWIGLU_BWD,), v) for v in ("4", "5")], n_shapes=5)
     names = [c["name"] for c in shapes]
     assert len(set(names)) == 5 and "qwen3-30b-a3b" in names and "olmoe-1b-7b" in names, names
 
@@ -392,6 +378,7 @@ def test_main_check_run42_split_workloads_force_the_down_then_the_d_x_kind_alone
     from mok.fast import _tiles
     from mok.fast._lib import GEMM_NN_BF16, GEMM_TN_BF16
     shapes = forced_kind_groups("main_check_run42.sh", "split-workloads", tmp_path,
-                                [(GEMM_TN_BF16, "5"), (GEMM_NN_BF16, "5")], n_shapes=4)
+                                [forced_entries((GEMM_TN_BF16,), "5"), forced_entries((GEMM_NN_BF16,), "5")],
+                                n_shapes=4)
     for c in shapes:
         assert _tiles.variant(GEMM_TN_BF16, c["H"], c["I"]) != _tiles.COOPERATIVE_TALL_1X2, c
