@@ -4,8 +4,9 @@ backward's elementwise SwiGLU step replaced by one that rounds some of its fp32 
 then keeps [g | u] as it computed them, and each mode derives what it needs from them).
 
 Modes: g, u, gu (the saved pre-activations); p, q, pq (p = u*silu'(g) and q = silu(g) computed in fp32 from them,
-then the backward dg = bf16(da*p), du = bf16(da*q)); none (that form with nothing rounded: what the fast path
-does since run 27, keeping [p | q] in fp32).
+then the backward dg = bf16(da*p), du = bf16(da*q)); pq24 (p and q cut to their top 24 bits instead: the low 8
+mantissa bits dropped, benchmarks/pq24_run43.diff's form, run 43); none (that form with nothing rounded: what the
+fast path does since run 27, keeping [p | q] in fp32).
 
 Usage: python benchmarks/saved_swiglu_dtype_scan.py MODE [--shapes 40] [--seed 0]
 """
@@ -19,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-MODES = ("g", "u", "gu", "p", "q", "pq", "none")
+MODES = ("g", "u", "gu", "p", "q", "pq", "pq24", "none")
 
 
 def swiglu_bwd_rows(mode: str):
@@ -27,6 +28,8 @@ def swiglu_bwd_rows(mode: str):
     import torch
 
     def bf(t, on):
+        if on and mode == "pq24":  # the top 24 bits: bf16's 16 and the next 8 mantissa bits, the rest cut off
+            return (t.view(torch.int32) & ~0xFF).view(torch.float32)
         return t.bfloat16().float() if on else t
 
     def rows(da, gu, dgu, I):

@@ -281,6 +281,10 @@ def test_saved_swiglu_dtype_scan_rounds_only_its_modes_inputs():
     assert torch.equal(out["none"][:, :I], (da * p).bfloat16())
     assert torch.equal(out["none"][:, I:], (da * (gu[:, :I] * sig)).bfloat16())
     for mode in MODES[:-1]:
+        if mode == "pq24":  # the top 24 bits: bf16 products seldom move, so check its formula on the inputs cut
+            cut = (p.view(torch.int32) & ~0xFF).view(torch.float32)
+            assert not torch.equal(cut, p) and torch.equal(out[mode][:, :I], (da * cut).bfloat16())
+            continue
         assert not torch.equal(out[mode], out["none"]), mode
     # its forward keeps [g | u] for the modes to round (the emulator's own turns it into [p | q])
     kept, a = gu.clone(), torch.empty(rows, I, dtype=torch.bfloat16)

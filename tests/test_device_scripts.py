@@ -118,6 +118,7 @@ def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
     "stages_probe.diff",  # benchmarks/stages_probe.sh patches a copy of csrc with it
     "pdl_run39.diff",     # programmatic dependent launch (run 39, not kept): main_check_run39.sh's pdl-ab step
     "d_a_shared_a_run42.diff",  # the d_a kind in 1x2 clusters (run 42, not kept): main_check_run42.sh's tiles, ab
+    "pq24_run43.diff",    # [p | q] in 24 bits a value (run 43, built, not yet run): main_check_run43.sh's library B
 ])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's)
 def test_probe_diffs_still_apply_to_this_tree(diff):
     """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
@@ -382,3 +383,17 @@ def test_main_check_run42_split_workloads_force_the_down_then_the_d_x_kind_alone
                                 n_shapes=4)
     for c in shapes:
         assert _tiles.variant(GEMM_TN_BF16, c["H"], c["I"]) != _tiles.COOPERATIVE_TALL_1X2, c
+
+
+def test_main_check_run43_ab_workloads_are_five_shapes_the_fused_kinds_run_by_the_rule(tmp_path):
+    """Run 43's ab step compares two libraries (main's fp32 [p | q] and benchmarks/pq24_run43.diff's 24 bits) process
+    by process, so its workloads force nothing: five distinct shapes of configs.json and suite.json, each one whose
+    gate/up and d_a launches take the SwiGLU into their epilogues (8 splits I and S), where the change is."""
+    from mok.fast import _tiles
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step("main_check_run43.sh", "ab-workloads", tmp_path)]
+    names = [c["name"] for _, c, _ in parsed]
+    assert len(set(names)) == 5 and "qwen3-30b-a3b" in names and "mixtral-8x7b" in names, names
+    for kind, c, env in parsed:
+        assert kind == "mok" and env == {}, (kind, c["name"], env)
+        assert _tiles.fused_gate_up_fits(c["I"], c["S"]) and _tiles.fuse_swiglu_bwd(c["I"], c["S"]), c

@@ -21,7 +21,8 @@ in 1x2 clusters instead (the two CTAs of a cluster share A, SonicMoE's tile for 
 0.6-9.5% / 0.4-4.8% faster on Qwen3-235B-A22B, OLMoE-1B-7B, DeepSeek-V2-Lite, GLM-4.5-Air, Qwen1.5-MoE-A2.7B and
 mid-64e, a tie on Qwen3-30B-A3B (-0.8% / +1.1%); slower where I = 512 (Granite-3.0-3B-A800M steady +2.2%) and on
 DeepSeek-V2 (H = 5120: +4.9% / +1.5%), which keep the rule above; the d_x launch alone 1.48 -> 1.30 ms on
-Qwen3-30B-A3B.
+Qwen3-30B-A3B. Nor does either kind alone gain outside that range (run 43: the down or the d_x kind in variant 5
+on the DeepSeek-V3 slice, DeepSeek-V2, Mixtral-8x7B and Qwen2-57B-A14B, level or up to 2.6% slower).
 
 Every layer (8 splitting I and S) runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD:
 [dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor read back by the
