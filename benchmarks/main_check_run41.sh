@@ -37,38 +37,33 @@ MID_WORKLOADS=$(each "$MID_SUFFIXES" qwen3-30b-a3b qwen3-235b-a22b olmoe-1b-7b d
                 granite-3.0-3b-a800m qwen3-next-80b-a3b deepseek-v2 qwen1.5-moe-a2.7b mid-64e)
 TALL_SUITE=qwen1.5-moe-a2.7b,glm-4.5-air,olmoe-1b-7b  # suite.json shapes the rule now runs tall
 PROBE=${PROBE:-.build/probe/gather_probe}
-start=$(date +%s)
-left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-# energy LOG LINES CAP ARGS...: energy_probe.py ARGS in two interleaved rounds (2 s steady, 1 s cool), within CAP
-# seconds and what is left, logged to $OUT/LOG, its last LINES lines shown
-energy() { local log=$1 lines=$2 cap=$3; shift 3
-           timeout $(( $(left) - 5 < cap ? $(left) - 5 : cap )) python benchmarks/energy_probe.py "$@" --rounds 2 \
-             --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/$log" | tail -"$lines"; }
+source "$(dirname "$0")/device_budget.sh"
 for step in "$@"; do
   case $step in
     tiles) echo "== tiles ($(left) s left)"; nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-           timeout $(( $(left) < 200 ? $(left) : 200 )) python -m pytest -q -p no:cacheprovider \
+           timeout "$(cap 200)" python -m pytest -q -p no:cacheprovider \
              tests/gpu/test_fast_fused_fwd.py tests/gpu/test_fast_tiles.py tests/gpu/test_fast_dx_halves.py 2>&1 \
              | tee "$OUT/gpu_tiles.log" | tail -4;;
-    ab) echo "== ab ($(left) s left)"; energy energy_ab.log 22 600 $AB_WORKLOADS;;
-    mid) echo "== mid ($(left) s left)"; energy energy_mid.log 44 600 $MID_WORKLOADS;;
+    ab) echo "== ab ($(left) s left)"; energy energy_ab.log 22 600 $AB_WORKLOADS --rounds 2;;
+    mid) echo "== mid ($(left) s left)"; energy energy_mid.log 44 600 $MID_WORKLOADS --rounds 2;;
     prof) echo "== prof ($(left) s left)"
           for v in "" ,5,,5,,,,1,; do
             echo "-- MOK_FAST_GEMM_VARIANT=$v" | tee -a "$OUT/profile_mid.log"
-            MOK_FAST_GEMM_VARIANT=$v timeout $(( $(left) < 90 ? $(left) : 90 )) python benchmarks/profile_fast.py \
+            MOK_FAST_GEMM_VARIANT=$v timeout "$(cap 90)" python benchmarks/profile_fast.py \
               qwen3-30b-a3b,mid-64e 2>&1 | grep -v -i warn | tee -a "$OUT/profile_mid.log" | grep -E "^==|GEMM|wall"
           done;;
     gpu) echo "== gpu ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
-         timeout $(( $(left) < 280 ? $(left) : 280 )) python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
+         timeout "$(cap 280)" python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
            | tee "$OUT/gpu_tests.log" | tail -3;;
-    targets) echo "== targets ($(left) s left)"; energy energy_targets.log 16 150 --preset issue13;;
+    targets) echo "== targets ($(left) s left)"; energy energy_targets.log 16 150 --preset issue13 --rounds 2;;
     suite-tall) echo "== suite-tall ($(left) s left)"
-                timeout $(( $(left) - 5 )) python benchmarks/bench_moe.py --suite --weight-grads bf16 \
+                timeout "$(cap 600 5)" python benchmarks/bench_moe.py --suite --weight-grads bf16 \
                   --methods mok_gu,grouped_mm --configs $TALL_SUITE 2>&1 | grep -v -i warn | tee "$OUT/suite_tall.log" \
                   | tail -12;;
     gather-coop) echo "== gather-coop ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
                  # gate/up column tiles: 2I / 192 (ping-pong) and 2I / 256 (cooperative)
-                 for shape in "--tokens 16384 --hidden 2048 --topk 8:8:6" "--tokens 8192 --hidden 4096 --topk 6:16:12"; do
+                 for shape in "--tokens 16384 --hidden 2048 --topk 8:8:6" \
+                              "--tokens 8192 --hidden 4096 --topk 6:16:12"; do
                    IFS=: read -r dims n_pp n_co <<< "$shape"
                    for tile in "pingpong $n_pp" "coop $n_co"; do
                      read -r tile_name n_tiles <<< "$tile"

@@ -30,26 +30,21 @@ AB_WORKLOADS=$(each "$SUFFIXES" qwen3-30b-a3b olmoe-1b-7b mid-64e@S0 glm-4.5-air
 SPLIT_WORKLOADS=$(each "+MOK_FAST_GEMM_VARIANT=,5,,,,,,, +MOK_FAST_GEMM_VARIANT=,,,5,,,,," dsv3-ep8-slice@S0 \
                 deepseek-v2 mixtral-8x7b qwen2-57b-a14b)
 DACT_SHAPES=qwen3-30b-a3b,olmoe-1b-7b,mid-64e,glm-4.5-air,dsv3-ep8-slice,mixtral-8x7b
-start=$(date +%s)
-left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
+source "$(dirname "$0")/device_budget.sh"
 for step in "$@"; do
   case $step in
     tiles) echo "== tiles ($(left) s left)"; nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-           timeout $(( $(left) < 220 ? $(left) : 220 )) python -m pytest -q -p no:cacheprovider \
+           timeout "$(cap 220)" python -m pytest -q -p no:cacheprovider \
              tests/gpu/test_fast_fused.py tests/gpu/test_fast_tiles.py 2>&1 | tee "$OUT/gpu_tiles.log" | tail -4;;
     dact) echo "== dact ($(left) s left)"
-          timeout $(( $(left) < 150 ? $(left) : 150 )) python benchmarks/bench_d_act.py $DACT_SHAPES --variants 3,4,5 \
+          timeout "$(cap 150)" python benchmarks/bench_d_act.py $DACT_SHAPES --variants 3,4,5 \
             2>&1 | grep -v -i warn | tee "$OUT/bench_d_act.log" | tail -14;;
-    ab) echo "== ab ($(left) s left)"
-        timeout $(( $(left) - 5 < 330 ? $(left) - 5 : 330 )) python benchmarks/energy_probe.py $AB_WORKLOADS \
-          --rounds 2 --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_ab.log" | tail -20;;
-    split) echo "== split ($(left) s left)"
-           timeout $(( $(left) - 5 < 240 ? $(left) - 5 : 240 )) python benchmarks/energy_probe.py $SPLIT_WORKLOADS \
-             --rounds 2 --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_split.log" | tail -16;;
+    ab) echo "== ab ($(left) s left)"; energy energy_ab.log 20 330 $AB_WORKLOADS --rounds 2;;
+    split) echo "== split ($(left) s left)"; energy energy_split.log 16 240 $SPLIT_WORKLOADS --rounds 2;;
     split-prof) echo "== split-prof ($(left) s left)"
                 for v in "" ,5,,5,,,,,; do
                   echo "-- MOK_FAST_GEMM_VARIANT=$v" | tee -a "$OUT/profile_split.log"
-                  MOK_FAST_GEMM_VARIANT=$v timeout $(( $(left) < 90 ? $(left) : 90 )) \
+                  MOK_FAST_GEMM_VARIANT=$v timeout "$(cap 90)" \
                     python benchmarks/profile_fast.py dsv3-ep8-slice,deepseek-v2 2>&1 | grep -v -i warn \
                     | tee -a "$OUT/profile_split.log" \
                     | grep -E "^==|down|d_x|wall"

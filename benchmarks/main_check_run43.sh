@@ -22,14 +22,11 @@ AB_WORKLOADS="mok:qwen3-30b-a3b mok:olmoe-1b-7b mok:mid-64e@S0 mok:dsv3-ep8-slic
 ALONE_SHAPES=qwen3-30b-a3b,olmoe-1b-7b,mid-64e,dsv3-ep8-slice,mixtral-8x7b
 CORE_TESTS="tests/gpu/test_fast_kernels.py tests/gpu/test_fast_fused.py tests/gpu/test_fast_fused_fwd.py
             tests/gpu/test_fast_tiles.py tests/gpu/test_fast_accuracy.py"
-start=$(date +%s)
-left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-cap() { local l; l=$(left); echo $(( l < $1 ? l : $1 )); }
+source "$(dirname "$0")/device_budget.sh"
 run_ab() {  # round $1, library $2 (A or B): one energy_probe.py process, one round of every workload
   local var=MOK_FAST_LIB_$2
   echo "-- round $1, library $2" | tee -a "$OUT/energy_ab.log"
-  MOK_FAST_LIB=${!var} timeout "$(cap 90)" python benchmarks/energy_probe.py $AB_WORKLOADS --rounds 1 --seconds 2 \
-    --cool 1 2>&1 | grep -v -i warn | tee -a "$OUT/energy_ab.log" | grep -E "^\| (mok|matmul)" | grep -v round
+  MOK_FAST_LIB=${!var} energy energy_ab.log 8 90 $AB_WORKLOADS --rounds 1
 }
 for step in "$@"; do
   case $step in

@@ -397,3 +397,17 @@ def test_main_check_run43_ab_workloads_are_five_shapes_the_fused_kinds_run_by_th
     for kind, c, env in parsed:
         assert kind == "mok" and env == {}, (kind, c["name"], env)
         assert _tiles.fused_gate_up_fits(c["I"], c["S"]) and _tiles.fuse_swiglu_bwd(c["I"], c["S"]), c
+
+
+def test_device_budget_gives_each_step_the_smaller_of_its_limit_and_what_is_left():
+    """benchmarks/device_budget.sh (sourced by main_check_run41.sh and later): cap LIMIT [MARGIN] is LIMIT while the
+    call's BUDGET_S has more left, else what is left less MARGIN; energy passes its arguments to energy_probe.py."""
+    import os
+    import subprocess
+
+    script = f'source {BENCH / "device_budget.sh"}; cap 50; cap 600; cap 600 5; type energy'
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**os.environ, "BUDGET_S": "100"})
+    assert r.returncode == 0, r.stderr
+    small, left, less = (int(v) for v in r.stdout.split()[:3])
+    assert small == 50 and 99 <= left <= 100 and less == left - 5, r.stdout
+    assert 'energy_probe.py "$@"' in r.stdout, r.stdout

@@ -1,0 +1,12 @@
+# Sourced by the device scripts (main_check_run41.sh and later): one device call's time budget, and the whole-step
+# timing step every script runs. BUDGET_S: the seconds all the steps of the call may take (default 560), counted from
+# when this file is sourced; each step gets the smaller of its own limit and what is left.
+start=$(date +%s)
+left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
+# cap LIMIT [MARGIN]: the smaller of LIMIT seconds and what is left less MARGIN (default 0)
+cap() { local l; l=$(( $(left) - ${2:-0} )); echo $(( l < $1 ? l : $1 )); }
+# energy LOG LINES LIMIT ARGS...: energy_probe.py ARGS (2 s steady, 1 s cool; ARGS say --rounds) within LIMIT seconds
+# and what is left less 5, appended to $OUT/LOG, its last LINES lines shown
+energy() { local log=$1 lines=$2 limit=$3; shift 3
+           timeout "$(cap "$limit" 5)" python benchmarks/energy_probe.py "$@" --seconds 2 --cool 1 2>&1 \
+             | grep -v -i warn | tee -a "$OUT/$log" | tail -"$lines"; }
