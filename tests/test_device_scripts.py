@@ -399,6 +399,33 @@ def test_main_check_run43_ab_workloads_are_five_shapes_the_fused_kinds_run_by_th
         assert _tiles.fused_gate_up_fits(c["I"], c["S"]) and _tiles.fuse_swiglu_bwd(c["I"], c["S"]), c
 
 
+def test_main_check_run44_ab_workloads_are_five_shapes_with_nothing_forced(tmp_path):
+    """Run 44's ab step compares two libraries (main's linear epilogue and one with 4 bf16 store buffers) process by
+    process, so its workloads force nothing: five distinct shapes of configs.json and suite.json, few large experts
+    (Mixtral-8x7B) to many small ones (Qwen3-30B-A3B), each a launch of the changed epilogue (down, d_x)."""
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step("main_check_run44.sh", "ab-workloads", tmp_path)]
+    names = [c["name"] for _, c, _ in parsed]
+    assert len(set(names)) == 5 and "qwen3-30b-a3b" in names and "mixtral-8x7b" in names, names
+    for kind, c, env in parsed:
+        assert kind == "mok" and env == {}, (kind, c["name"], env)
+
+
+def test_main_check_run44_dx_workloads_reach_the_d_x_kinds_variant_5(tmp_path):
+    """Run 44's dx step changes only the d_x kind's variant 5 (library C): two shapes the rule keeps out of it, each as
+    the rule runs it and with the d_x kind alone forced to 5, then two shapes the rule already runs it on."""
+    from mok.fast import _tiles
+    from mok.fast._lib import GEMM_NN_BF16
+    parse, configs = energy_probe()
+    parsed = [parse(s, configs) for s in script_step("main_check_run44.sh", "dx-workloads", tmp_path)]
+    assert len(parsed) == 6 and all(k == "mok" for k, _, _ in parsed), parsed
+    for (_, c0, env0), (_, c1, env1) in (parsed[0:2], parsed[2:4]):
+        assert c0 == c1 and env0 == {} and _tiles.variant(GEMM_NN_BF16, c0["H"], c0["I"]) != 5, c0
+        assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == forced_entries((GEMM_NN_BF16,), "5"), env1
+    for _, c, env in parsed[4:]:
+        assert env == {} and _tiles.variant(GEMM_NN_BF16, c["H"], c["I"]) == 5, c
+
+
 def test_device_budget_gives_each_step_the_smaller_of_its_limit_and_what_is_left():
     """benchmarks/device_budget.sh (sourced by main_check_run41.sh and later): cap LIMIT [MARGIN] is LIMIT while the
     call's BUDGET_S has more left, else what is left less MARGIN; energy passes its arguments to energy_probe.py."""

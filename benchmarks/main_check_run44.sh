@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Run 44's device call: the linear epilogue's bf16 D in 4 shared-memory store buffers (grouped_gemm.cuh's
+# MOK_LINEAR_STAGES_D; CUTLASS's builder gives 2), library B, against main before it, library A. The down, d_x and
+# bf16 weight-gradient GEMMs use that epilogue. Steps, each logged under $OUT, each given what is left of BUDGET_S
+# (seconds, default 560):
+#   tests  with B (TESTS_S seconds at most, default 150): the GPU tests of the GEMMs in every tile variant, the layer's
+#          outputs in every variant, and the 2x rule against the reference;
+#   prof   profile_fast.py on PROF_SHAPES, A then B (each GEMM launch's time);
+#   ab     whole steps (energy_probe.py) of five shapes, A and B in turn, two rounds each (one process a round);
+#   dx     library C (B with benchmarks/dx_tall_wide_run44.diff: the d_x kind's variant 5 in 256x192 tiles, the tile
+#          SonicMoE's autotuner picked for the DeepSeek-V3 slice's d_x; B's is 256x128): the tile tests under C, then
+#          whole steps of DX_WORKLOADS under B and C, two rounds (B, C, C, B);
+#   gpu    with B: the rest of the GPU tests.
+# Printing steps for the CPU checks (tests/test_device_scripts.py): ab-workloads, dx-workloads.
+# Usage (repo root, both libraries carried; B built here: MOK_FAST_JOBS=2 python -m mok.fast._build OUT.so):
+#   MOK_FAST_LIB_A=$PWD/.build/b41gs/libmok_fast.so MOK_FAST_LIB_B=$PWD/.build/b44sd4/libmok_fast.so BUDGET_S=560 \
+#     MOK_FAST_LIB_C=$PWD/.build/b44c/libmok_fast.so bash benchmarks/main_check_run44.sh tests ab dx prof
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+AB_WORKLOADS="mok:qwen3-30b-a3b mok:olmoe-1b-7b mok:mid-64e@S0 mok:dsv3-ep8-slice@S0 mok:mixtral-8x7b"
+DX_WORKLOADS="mok:dsv3-ep8-slice@S0 mok:dsv3-ep8-slice@S0+MOK_FAST_GEMM_VARIANT=,,,5,,,,, mok:mixtral-8x7b
+              mok:mixtral-8x7b+MOK_FAST_GEMM_VARIANT=,,,5,,,,, mok:qwen3-30b-a3b mok:mid-64e@S0"
+PROF_SHAPES=qwen3-30b-a3b,mid-64e,dsv3-ep8-slice,mixtral-8x7b
+CORE_TESTS="tests/gpu/test_fast_kernels.py tests/gpu/test_fast_tiles.py tests/gpu/test_fast_accuracy.py"
+source "$(dirname "$0")/device_budget.sh"
+run_ab() {  # round $1, library $2 (A or B): one energy_probe.py process, one round of every workload
+  local var=MOK_FAST_LIB_$2
+  echo "-- round $1, library $2" | tee -a "$OUT/energy_ab.log"
+  MOK_FAST_LIB=${!var} energy energy_ab.log 8 90 $AB_WORKLOADS --rounds 1
+}
+for step in "$@"; do
+  case $step in
+    tests) echo "== tests ($(left) s left)"; nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+           MOK_FAST_LIB=$MOK_FAST_LIB_B timeout "$(cap "${TESTS_S:-150}")" python -m pytest -q -p no:cacheprovider \
+             $CORE_TESTS 2>&1 | tee "$OUT/gpu_core.log" | tail -6;;
+    prof) echo "== prof ($(left) s left)"
+          for lib in A B; do
+            var=MOK_FAST_LIB_$lib
+            echo "-- library $lib" | tee -a "$OUT/prof.log"
+            MOK_FAST_LIB=${!var} timeout "$(cap 80)" python benchmarks/profile_fast.py $PROF_SHAPES 2>&1 \
+              | grep -v -i warn >> "$OUT/prof.log"
+            grep -E "kernel time|GEMM" "$OUT/prof.log" | tail -36 | cut -c1-150
+          done;;
+    ab) echo "== ab ($(left) s left)"
+        for round in 1 2; do
+          for lib in A B; do
+            run_ab "$round" "$lib"
+          done
+        done;;
+    dx) echo "== dx ($(left) s left)"
+        MOK_FAST_LIB=$MOK_FAST_LIB_C timeout "$(cap 60)" python -m pytest -q -p no:cacheprovider \
+          tests/gpu/test_fast_tiles.py 2>&1 | tee "$OUT/gpu_tiles_c.log" | tail -3
+        for lib in B C C B; do
+          var=MOK_FAST_LIB_$lib
+          echo "-- library $lib" | tee -a "$OUT/energy_dx.log"
+          MOK_FAST_LIB=${!var} energy energy_dx.log 9 90 $DX_WORKLOADS --rounds 1
+        done;;
+    gpu) echo "== gpu ($(left) s left)"
+         MOK_FAST_LIB=$MOK_FAST_LIB_B timeout "$(cap 300)" python -m pytest -q -p no:cacheprovider tests/gpu \
+           $(for t in $CORE_TESTS; do echo --ignore="$t"; done) 2>&1 | tee "$OUT/gpu_rest.log" | tail -6;;
+    ab-workloads) echo $AB_WORKLOADS;;
+    dx-workloads) echo $DX_WORKLOADS;;
+    *) echo "unknown step $step"; exit 2;;
+  esac
+  case $step in ab-workloads|dx-workloads) ;; *) date -u;; esac
+done
