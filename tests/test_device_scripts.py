@@ -119,6 +119,8 @@ def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
     "pdl_run39.diff",     # programmatic dependent launch (run 39, not kept): main_check_run39.sh's pdl-ab step
     "d_a_shared_a_run42.diff",  # the d_a kind in 1x2 clusters (run 42, not kept): main_check_run42.sh's tiles, ab
     "pq24_run43.diff",    # [p | q] in 24 bits a value (run 43, not kept in run 44): main_check_run43.sh's library B
+    "epi_stages_run44.diff",  # the linear epilogue's bf16 D in 4 store buffers (run 44, not kept): library B
+    "dx_tall_wide_run44.diff",  # the d_x kind's variant 5 in 256x192 tiles (run 44, not kept): library C
 ])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's)
 def test_probe_diffs_still_apply_to_this_tree(diff):
     """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
