@@ -37,8 +37,10 @@ using namespace cute;
 // The order in which the persistent CTAs walk the output tiles (CUTLASS's group tile scheduler: raster along M
 // or N inside each group, swizzle 1/2/4/8). Only which CTA computes which tile changes, never how a tile is
 // computed, so every choice gives the same bits. CUTLASS's default (along M, swizzle 1) unless
-// MOK_FAST_GEMM_RASTER=M|N or MOK_FAST_GEMM_SWIZZLE=1|2|4|8 say otherwise (a benchmark knob: none of them was
-// faster, benchmarks/RESULTS.md run 8); read at each launch. Returns false for any other value.
+// MOK_FAST_GEMM_RASTER=M|N or MOK_FAST_GEMM_SWIZZLE=1|2|4|8 say otherwise (a benchmark knob: no raster was
+// faster, benchmarks/RESULTS.md run 8); read at each launch. Returns false for any other value. The swizzle is
+// passed on but never takes effect: the group scheduler lays the tiles of all groups out as one row, (CTAs, 1),
+// and takes a swizzle of 1 for a problem one tile wide (benchmarks/RESULTS.md run 44).
 template <class SchedulerArgs>
 inline bool tile_order(SchedulerArgs& sched) {
   using cutlass::gemm::kernel::detail::RasterOrderOptions;
