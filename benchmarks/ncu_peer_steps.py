@@ -18,7 +18,10 @@ METHODS = ("mok_gu", "sonic")
 def main():
     if len(sys.argv) not in (3, 4) or sys.argv[2] not in METHODS:
         raise SystemExit(f"usage: ncu_peer_steps.py CONFIG {{{','.join(METHODS)}}} [WARMUPS]")
-    cfg = named_configs(sys.argv[1])[0]
+    try:
+        cfg = named_configs(sys.argv[1])[0]
+    except ValueError as e:
+        raise SystemExit(f"ncu_peer_steps.py: {e}") from None
     warmups = int(sys.argv[3]) if len(sys.argv) == 4 else 3
     meth = Method(sys.argv[2], make_bench_inputs(dict(cfg, S=0), "random"), torch.bfloat16)
     for _ in range(warmups):

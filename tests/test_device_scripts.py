@@ -2,6 +2,7 @@
 as energy_probe.py reads them and force only what the step compares, its configs are suite shapes, and the probe
 diffs still apply, so a typo in a script cannot cost its device call."""
 import json
+import sys
 
 import pytest
 
@@ -426,6 +427,21 @@ def test_main_check_run44_dx_workloads_reach_the_d_x_kinds_variant_5(tmp_path):
         assert env1["MOK_FAST_GEMM_VARIANT"].split(",") == forced_entries((GEMM_NN_BF16,), "5"), env1
     for _, c, env in parsed[4:]:
         assert env == {} and _tiles.variant(GEMM_NN_BF16, c["H"], c["I"]) == 5, c
+
+
+@pytest.mark.parametrize("args, says", [
+    (["dsv3-ep8-slice", "grouped_mm"], "usage"),  # a method it does not profile
+    (["dsv3-ep8-slice"], "usage"),                # no method
+    (["no-such-config", "sonic"], "no-such-config"),  # an unknown config, named
+])
+def test_ncu_peer_steps_refuses_bad_arguments_before_touching_a_gpu(args, says):
+    """Run 44's ncu step runs benchmarks/ncu_peer_steps.py under Nsight Compute for mok_gu and sonic only: anything
+    else stops it at once, naming what was wrong, before any GPU work (so a typo costs no device time)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(BENCH / "ncu_peer_steps.py"), *args], capture_output=True, text=True,
+                       cwd=BENCH.parent)
+    assert r.returncode != 0 and says in r.stderr, (r.returncode, r.stderr[-500:])
 
 
 def test_device_budget_gives_each_step_the_smaller_of_its_limit_and_what_is_left():
