@@ -23,11 +23,6 @@ ALONE_SHAPES=qwen3-30b-a3b,olmoe-1b-7b,mid-64e,dsv3-ep8-slice,mixtral-8x7b
 CORE_TESTS="tests/gpu/test_fast_kernels.py tests/gpu/test_fast_fused.py tests/gpu/test_fast_fused_fwd.py
             tests/gpu/test_fast_tiles.py tests/gpu/test_fast_accuracy.py"
 source "$(dirname "$0")/device_budget.sh"
-run_ab() {  # round $1, library $2 (A or B): one energy_probe.py process, one round of every workload
-  local var=MOK_FAST_LIB_$2
-  echo "-- round $1, library $2" | tee -a "$OUT/energy_ab.log"
-  MOK_FAST_LIB=${!var} energy energy_ab.log 8 90 $AB_WORKLOADS --rounds 1
-}
 for step in "$@"; do
   case $step in
     apply) git apply --check -R benchmarks/pq24_run43.diff 2>/dev/null && echo "== apply: already applied" \
@@ -35,13 +30,8 @@ for step in "$@"; do
     tests) echo "== tests ($(left) s left)"; nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
            MOK_FAST_LIB=$MOK_FAST_LIB_B timeout "$(cap "${TESTS_S:-200}")" python -m pytest -q -p no:cacheprovider \
              $CORE_TESTS 2>&1 | tee "$OUT/gpu_core.log" | tail -6;;
-    ab) echo "== ab ($(left) s left)"
-        for round in 1 2; do
-          for lib in A B; do
-            run_ab "$round" "$lib"
-          done
-        done;;
-    ab1) echo "== ab1 ($(left) s left)"; for lib in B A; do run_ab 1 "$lib"; done;;
+    ab) echo "== ab ($(left) s left)"; ab_rounds 2;;
+    ab1) echo "== ab1 ($(left) s left)"; for lib in B A; do ab_round 1 "$lib"; done;;
     alone) echo "== alone ($(left) s left)"
            for lib in A B; do
              var=MOK_FAST_LIB_$lib

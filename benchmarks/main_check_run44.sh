@@ -33,11 +33,6 @@ NCU="ncu --profile-from-start off --clock-control none --kernel-name-base demang
 PROF_SHAPES=qwen3-30b-a3b,mid-64e,dsv3-ep8-slice,mixtral-8x7b
 CORE_TESTS="tests/gpu/test_fast_kernels.py tests/gpu/test_fast_tiles.py tests/gpu/test_fast_accuracy.py"
 source "$(dirname "$0")/device_budget.sh"
-run_ab() {  # round $1, library $2 (A or B): one energy_probe.py process, one round of every workload
-  local var=MOK_FAST_LIB_$2
-  echo "-- round $1, library $2" | tee -a "$OUT/energy_ab.log"
-  MOK_FAST_LIB=${!var} energy energy_ab.log 8 90 $AB_WORKLOADS --rounds 1
-}
 for step in "$@"; do
   case $step in
     tests) echo "== tests ($(left) s left)"; nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
@@ -51,12 +46,7 @@ for step in "$@"; do
               | grep -v -i warn >> "$OUT/prof.log"
             grep -E "kernel time|GEMM" "$OUT/prof.log" | tail -36 | cut -c1-150
           done;;
-    ab) echo "== ab ($(left) s left)"
-        for round in 1 2; do
-          for lib in A B; do
-            run_ab "$round" "$lib"
-          done
-        done;;
+    ab) echo "== ab ($(left) s left)"; ab_rounds 2;;
     dx) echo "== dx ($(left) s left)"
         MOK_FAST_LIB=$MOK_FAST_LIB_C timeout "$(cap 60)" python -m pytest -q -p no:cacheprovider \
           tests/gpu/test_fast_tiles.py 2>&1 | tee "$OUT/gpu_tiles_c.log" | tail -3

@@ -388,30 +388,24 @@ def test_main_check_run42_split_workloads_force_the_down_then_the_d_x_kind_alone
         assert _tiles.variant(GEMM_TN_BF16, c["H"], c["I"]) != _tiles.COOPERATIVE_TALL_1X2, c
 
 
-def test_main_check_run43_ab_workloads_are_five_shapes_the_fused_kinds_run_by_the_rule(tmp_path):
-    """Run 43's ab step compares two libraries (main's fp32 [p | q] and benchmarks/pq24_run43.diff's 24 bits) process
-    by process, so its workloads force nothing: five distinct shapes of configs.json and suite.json, each one whose
-    gate/up and d_a launches take the SwiGLU into their epilogues (8 splits I and S), where the change is."""
+@pytest.mark.parametrize("script, fused_only", [
+    ("main_check_run43.sh", True),   # fp32 [p | q] against 24 bits: only the fused gate/up and d_a kinds change
+    ("main_check_run44.sh", False),  # the linear epilogue's store buffers: the down and d_x kinds of every shape
+])
+def test_ab_workloads_are_five_shapes_with_nothing_forced(tmp_path, script, fused_only):
+    """Runs 43's and 44's ab steps compare two libraries process by process, so their workloads force nothing: five
+    distinct shapes of configs.json and suite.json, few large experts (Mixtral-8x7B) to many small ones
+    (Qwen3-30B-A3B); for run 43 each one whose gate/up and d_a launches take the SwiGLU into their epilogues (8
+    splits I and S), where its change is."""
     from mok.fast import _tiles
     parse, configs = energy_probe()
-    parsed = [parse(s, configs) for s in script_step("main_check_run43.sh", "ab-workloads", tmp_path)]
+    parsed = [parse(s, configs) for s in script_step(script, "ab-workloads", tmp_path)]
     names = [c["name"] for _, c, _ in parsed]
     assert len(set(names)) == 5 and "qwen3-30b-a3b" in names and "mixtral-8x7b" in names, names
     for kind, c, env in parsed:
         assert kind == "mok" and env == {}, (kind, c["name"], env)
-        assert _tiles.fused_gate_up_fits(c["I"], c["S"]) and _tiles.fuse_swiglu_bwd(c["I"], c["S"]), c
-
-
-def test_main_check_run44_ab_workloads_are_five_shapes_with_nothing_forced(tmp_path):
-    """Run 44's ab step compares two libraries (main's linear epilogue and one with 4 bf16 store buffers) process by
-    process, so its workloads force nothing: five distinct shapes of configs.json and suite.json, few large experts
-    (Mixtral-8x7B) to many small ones (Qwen3-30B-A3B), each a launch of the changed epilogue (down, d_x)."""
-    parse, configs = energy_probe()
-    parsed = [parse(s, configs) for s in script_step("main_check_run44.sh", "ab-workloads", tmp_path)]
-    names = [c["name"] for _, c, _ in parsed]
-    assert len(set(names)) == 5 and "qwen3-30b-a3b" in names and "mixtral-8x7b" in names, names
-    for kind, c, env in parsed:
-        assert kind == "mok" and env == {}, (kind, c["name"], env)
+        if fused_only:
+            assert _tiles.fused_gate_up_fits(c["I"], c["S"]) and _tiles.fuse_swiglu_bwd(c["I"], c["S"]), c
 
 
 def test_main_check_run44_dx_workloads_reach_the_d_x_kinds_variant_5(tmp_path):
