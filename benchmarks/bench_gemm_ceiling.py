@@ -7,7 +7,8 @@ For the gate/up GEMM of each config (A = the R = T*K routed rows [R, H] bf16, B 
   - the same with 2E groups of N = I (gate and up apart: what the layer launched before this script);
   - mok's grouped GEMM with one group [R, H] x [H, 2I] (no group changes: what grouping costs);
   - torch.mm of the same one group (cuBLAS, bf16 out) and torch._grouped_mm of the E groups;
-  - each mok launch under the tile orders given (MOK_FAST_GEMM_RASTER / MOK_FAST_GEMM_SWIZZLE).
+  - each mok launch under the tile orders given (MOK_FAST_GEMM_RASTER / MOK_FAST_GEMM_SWIZZLE; the swizzle never
+    takes effect in CUTLASS's group scheduler, benchmarks/RESULTS.md run 44).
 Median ms over interleaved rounds; bits of every mok launch of one (kind, grouping) checked equal. CUDA only.
 
 Usage: python benchmarks/bench_gemm_ceiling.py [--configs a,b] [--variants 0,3] [--orders M1,N1,M2,M4,N4]

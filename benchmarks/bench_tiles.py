@@ -6,7 +6,8 @@ choice. The bits are the same under every choice (tests/gpu/test_fast_tiles.py).
 Usage: python benchmarks/bench_tiles.py [--configs a,b] [--choices default,0,2,3/3/3/3/2/2] [--rounds 5] [--reps 5]
 (a choice: "default" (the rule), one variant for every GEMM, or seven joined by "/" in MokGemmKind order;
 optionally "@" and a tile order, raster M or N then swizzle 1/2/4/8, e.g. "default@N2": MOK_FAST_GEMM_RASTER
-and MOK_FAST_GEMM_SWIZZLE, which change only which CTA computes which tile)
+and MOK_FAST_GEMM_SWIZZLE, which change only which CTA computes which tile; the swizzle never takes effect in
+CUTLASS's group scheduler, benchmarks/RESULTS.md run 44)
 """
 from __future__ import annotations
 

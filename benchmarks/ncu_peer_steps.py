@@ -22,7 +22,10 @@ def main():
         cfg = named_configs(sys.argv[1])[0]
     except ValueError as e:
         raise SystemExit(f"ncu_peer_steps.py: {e}") from None
-    warmups = int(sys.argv[3]) if len(sys.argv) == 4 else 3
+    warmups = sys.argv[3] if len(sys.argv) == 4 else "3"
+    if not warmups.isdigit():
+        raise SystemExit(f"ncu_peer_steps.py: WARMUPS: expected a whole number of steps, got {warmups!r}")
+    warmups = int(warmups)
     meth = Method(sys.argv[2], make_bench_inputs(dict(cfg, S=0), "random"), torch.bfloat16)
     for _ in range(warmups):
         meth.fwd_bwd()

@@ -427,6 +427,7 @@ def test_main_check_run44_dx_workloads_reach_the_d_x_kinds_variant_5(tmp_path):
     (["dsv3-ep8-slice", "grouped_mm"], "usage"),  # a method it does not profile
     (["dsv3-ep8-slice"], "usage"),                # no method
     (["no-such-config", "sonic"], "no-such-config"),  # an unknown config, named
+    (["dsv3-ep8-slice", "sonic", "two"], "WARMUPS"),  # warm-up steps not a whole number
 ])
 def test_ncu_peer_steps_refuses_bad_arguments_before_touching_a_gpu(args, says):
     """Run 44's ncu step runs benchmarks/ncu_peer_steps.py under Nsight Compute for mok_gu and sonic only: anything
