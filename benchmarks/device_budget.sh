@@ -10,10 +10,11 @@ cap() { local l; l=$(( $(left) - ${2:-0} )); echo $(( l < $1 ? l : $1 )); }
 energy() { local log=$1 lines=$2 limit=$3; shift 3
            timeout "$(cap "$limit" 5)" python benchmarks/energy_probe.py "$@" --seconds 2 --cool 1 2>&1 \
              | grep -v -i warn | tee -a "$OUT/$log" | tail -"$lines"; }
+# lib NAME: the path in $MOK_FAST_LIB_<NAME> (A, B, C: the libraries a script compares)
+lib() { local var=MOK_FAST_LIB_$1; echo "${!var}"; }
 # ab_round ROUND LIB: one energy_probe.py process, one round of $AB_WORKLOADS under library $MOK_FAST_LIB_<LIB> (A, B,
 # ...), appended to $OUT/energy_ab.log: the scripts that compare libraries process by process
-ab_round() { local var=MOK_FAST_LIB_$2
-             echo "-- round $1, library $2" | tee -a "$OUT/energy_ab.log"
-             MOK_FAST_LIB=${!var} energy energy_ab.log 8 90 $AB_WORKLOADS --rounds 1; }
+ab_round() { echo "-- round $1, library $2" | tee -a "$OUT/energy_ab.log"
+             MOK_FAST_LIB=$(lib "$2") energy energy_ab.log 8 90 $AB_WORKLOADS --rounds 1; }
 # ab_rounds N: N rounds of ab_round, library A then B in each
 ab_rounds() { local r l; for r in $(seq 1 "$1"); do for l in A B; do ab_round "$r" "$l"; done; done; }

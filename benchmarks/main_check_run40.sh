@@ -28,8 +28,8 @@
 #   MOK_FAST_LIB=$PWD/.build/b39main/libmok_fast.so BUDGET_S=580 bash benchmarks/main_check_run40.sh sonic-check \
 #     sonic-side sonic-cache
 #   BUDGET_S=580 bash benchmarks/main_check_run40.sh sonic-warm sonic-cache   (then sonic-side, the cache carried)
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:${PYTHONPATH:-}
-export QUACK_CACHE_DIR=/tmp/sonic_cache/quack CUTE_DSL_CACHE_DIR=/tmp/sonic_cache/cute QUACK_COMPILE_WORKERS=16
+export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/sonic_env.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SONIC_SHAPES=qwen3-30b-a3b,mid-64e,dsv3-ep8-slice  # configs.json's; mixtral-8x7b is suite.json's
 source "$(dirname "$0")/workload_pairs.sh"
@@ -37,17 +37,10 @@ DOWN_DX_TALL=,5,,5,,,,,  # MOK_FAST_GEMM_VARIANT: the down (TN_BF16) and d_x (NN
 TALL_WORKLOADS=$(pairs +MOK_FAST_GEMM_VARIANT=$DOWN_DX_TALL qwen3-30b-a3b mid-64e@S0 dsv3-ep8-slice@S0 mixtral-8x7b)
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-unpack() {
-  [ -d /tmp/site/sonicmoe ] || { mkdir -p /tmp/site && tar -C /tmp/site -xJf .sonic/site.tar.xz; } || return 1
-  if ls .sonic/sonic_cache.tar.xz.part* >/dev/null 2>&1 && [ ! -d /tmp/sonic_cache ]; then
-    mkdir -p /tmp/sonic_cache && cat .sonic/sonic_cache.tar.xz.part* | tar -C /tmp/sonic_cache -xJ
-  fi
-  mkdir -p "$QUACK_CACHE_DIR" "$CUTE_DSL_CACHE_DIR"
-}
 for step in "$@"; do
   case $step in
     sonic-check) echo "== sonic-check ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
-                 unpack || { echo "sonic-check: no .sonic/site.tar.xz to unpack"; exit 1; }
+                 sonic_unpack || { echo "sonic-check: no .sonic/site.tar.xz to unpack"; exit 1; }
                  python -c "import sonicmoe, quack, cutlass; from importlib.metadata import version as v; \
 print(*(f'{p} {v(p)}' for p in ('sonic-moe', 'quack-kernels', 'nvidia-cutlass-dsl-libs-cu13', 'torch')))" 2>&1 | tail -3
                  for args in "--configs $SONIC_SHAPES --routings random" "--suite --configs mixtral-8x7b"; do
@@ -55,13 +48,13 @@ print(*(f'{p} {v(p)}' for p in ('sonic-moe', 'quack-kernels', 'nvidia-cutlass-ds
                      --weight-grads bf16 --methods mok_gu,sonic,grouped_mm 2>&1 | grep -v -i warn \
                      | tee -a "$OUT/sonic_check.log" | grep -E "^  |CHECK|Error|error" | head -20
                  done;;
-    sonic-warm) echo "== sonic-warm ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; unpack
+    sonic-warm) echo "== sonic-warm ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; sonic_unpack
                 timeout $(( $(left) - 40 < 380 ? $(left) - 40 : 380 )) python benchmarks/sonic_check.py \
                   $SONIC_SHAPES,mixtral-8x7b 2>&1 | grep -v -i warn | tee "$OUT/sonic_warm.log" | tail -6;;
-    sonic-side) echo "== sonic-side ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; unpack
+    sonic-side) echo "== sonic-side ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; sonic_unpack
                 timeout $(( $(left) - 20 )) python benchmarks/energy_probe.py --preset issue13-sonic --rounds 2 \
                   --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_sonic.log" | tail -24;;
-    sonic-profile) echo "== sonic-profile ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; unpack
+    sonic-profile) echo "== sonic-profile ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; sonic_unpack
                    timeout $(( $(left) < 200 ? $(left) : 200 )) python benchmarks/profile_peers.py \
                      $SONIC_SHAPES,mixtral-8x7b 2>&1 | grep -v -i warn > "$OUT/profile_peers.log"
                    grep -E "kernels," "$OUT/profile_peers.log";;

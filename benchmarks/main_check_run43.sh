@@ -33,12 +33,11 @@ for step in "$@"; do
     ab) echo "== ab ($(left) s left)"; ab_rounds 2;;
     ab1) echo "== ab1 ($(left) s left)"; for lib in B A; do ab_round 1 "$lib"; done;;
     alone) echo "== alone ($(left) s left)"
-           for lib in A B; do
-             var=MOK_FAST_LIB_$lib
-             echo "-- library $lib" | tee -a "$OUT/alone.log"
-             MOK_FAST_LIB=${!var} timeout "$(cap 70)" python benchmarks/bench_gate_up.py $ALONE_SHAPES --variants 0,3 \
-               2>&1 | grep -v -i warn | tee -a "$OUT/alone.log" | tail -7
-             MOK_FAST_LIB=${!var} timeout "$(cap 70)" python benchmarks/bench_d_act.py $ALONE_SHAPES --variants 3 \
+           for name in A B; do
+             echo "-- library $name" | tee -a "$OUT/alone.log"
+             MOK_FAST_LIB=$(lib $name) timeout "$(cap 70)" python benchmarks/bench_gate_up.py $ALONE_SHAPES \
+               --variants 0,3 2>&1 | grep -v -i warn | tee -a "$OUT/alone.log" | tail -7
+             MOK_FAST_LIB=$(lib $name) timeout "$(cap 70)" python benchmarks/bench_d_act.py $ALONE_SHAPES --variants 3 \
                2>&1 | grep -v -i warn | tee -a "$OUT/alone.log" | tail -7
            done;;
     gpu) echo "== gpu ($(left) s left)"

@@ -12,7 +12,7 @@
 #   dx     the tile tests under C, then whole steps of DX_WORKLOADS under B and C, two rounds (B, C, C, B);
 #   gpu    with B: the rest of the GPU tests;
 #   ncu    Nsight Compute on every GEMM launch of one step (ncu_peer_steps.py) of NCU_SHAPES without shared experts:
-#          mok under library A by the rule, SonicMoE (.sonic carried, unpacked as main_check_run40.sh does), and mok
+#          mok under library A by the rule, SonicMoE (.sonic carried, unpacked by sonic_env.sh's sonic_unpack), and mok
 #          with the down and d_x kinds in variant 5; sections SpeedOfLight, MemoryWorkloadAnalysis, WarpStateStats,
 #          SchedulerStats, LaunchStats, Occupancy; logs $OUT/ncu_<shape>_<run>.log.
 # Printing steps for the CPU checks (tests/test_device_scripts.py): ab-workloads, dx-workloads.
@@ -33,16 +33,16 @@ NCU="ncu --profile-from-start off --clock-control none --kernel-name-base demang
 PROF_SHAPES=qwen3-30b-a3b,mid-64e,dsv3-ep8-slice,mixtral-8x7b
 CORE_TESTS="tests/gpu/test_fast_kernels.py tests/gpu/test_fast_tiles.py tests/gpu/test_fast_accuracy.py"
 source "$(dirname "$0")/device_budget.sh"
+source "$(dirname "$0")/sonic_env.sh"  # the ncu step's SonicMoE
 for step in "$@"; do
   case $step in
     tests) echo "== tests ($(left) s left)"; nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
            MOK_FAST_LIB=$MOK_FAST_LIB_B timeout "$(cap "${TESTS_S:-150}")" python -m pytest -q -p no:cacheprovider \
              $CORE_TESTS 2>&1 | tee "$OUT/gpu_core.log" | tail -6;;
     prof) echo "== prof ($(left) s left)"
-          for lib in A B; do
-            var=MOK_FAST_LIB_$lib
-            echo "-- library $lib" | tee -a "$OUT/prof.log"
-            MOK_FAST_LIB=${!var} timeout "$(cap 80)" python benchmarks/profile_fast.py $PROF_SHAPES 2>&1 \
+          for name in A B; do
+            echo "-- library $name" | tee -a "$OUT/prof.log"
+            MOK_FAST_LIB=$(lib $name) timeout "$(cap 80)" python benchmarks/profile_fast.py $PROF_SHAPES 2>&1 \
               | grep -v -i warn >> "$OUT/prof.log"
             grep -E "kernel time|GEMM" "$OUT/prof.log" | tail -36 | cut -c1-150
           done;;
@@ -50,25 +50,21 @@ for step in "$@"; do
     dx) echo "== dx ($(left) s left)"
         MOK_FAST_LIB=$MOK_FAST_LIB_C timeout "$(cap 60)" python -m pytest -q -p no:cacheprovider \
           tests/gpu/test_fast_tiles.py 2>&1 | tee "$OUT/gpu_tiles_c.log" | tail -3
-        for lib in B C C B; do
-          var=MOK_FAST_LIB_$lib
-          echo "-- library $lib" | tee -a "$OUT/energy_dx.log"
-          MOK_FAST_LIB=${!var} energy energy_dx.log 9 90 $DX_WORKLOADS --rounds 1
+        for name in B C C B; do
+          echo "-- library $name" | tee -a "$OUT/energy_dx.log"
+          MOK_FAST_LIB=$(lib $name) energy energy_dx.log 9 90 $DX_WORKLOADS --rounds 1
         done;;
     gpu) echo "== gpu ($(left) s left)"
          MOK_FAST_LIB=$MOK_FAST_LIB_B timeout "$(cap 300)" python -m pytest -q -p no:cacheprovider tests/gpu \
            $(for t in $CORE_TESTS; do echo --ignore="$t"; done) 2>&1 | tee "$OUT/gpu_rest.log" | tail -6;;
     ncu) echo "== ncu ($(left) s left)"
-         export QUACK_CACHE_DIR=/tmp/sonic_cache/quack CUTE_DSL_CACHE_DIR=/tmp/sonic_cache/cute
-         mkdir -p /tmp/site && tar -C /tmp/site -xJf .sonic/site.tar.xz && mkdir -p /tmp/sonic_cache \
-           && cat .sonic/sonic_cache.tar.xz.part* | tar -C /tmp/sonic_cache -xJ || echo "ncu: no SonicMoE to unpack"
+         sonic_unpack || echo "ncu: no .sonic/site.tar.xz to unpack"
          for shape in $NCU_SHAPES; do
            for run in rule sonic v5; do
              case $run in
                rule) env=(MOK_FAST_LIB=$MOK_FAST_LIB_A); method=mok_gu;;
                v5) env=(MOK_FAST_LIB=$MOK_FAST_LIB_A MOK_FAST_GEMM_VARIANT=,5,,5,,,,,); method=mok_gu;;
-               sonic) env=(PYTHONPATH=$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages
-                      QUACK_COMPILE_WORKERS=16); method=sonic;;
+               sonic) env=(); method=sonic;;
              esac
              env "${env[@]}" timeout "$(cap 100 5)" $NCU python benchmarks/ncu_peer_steps.py "$shape" $method \
                > "$OUT/ncu_${shape}_$run.log" 2>&1
