@@ -89,6 +89,18 @@ def check_chunk_bits(name: str, fns: dict, chunks: list[int], o_RH: torch.Tensor
                                  f"first at row, column {first}")
 
 
+def int_list(ap: argparse.ArgumentParser, flag: str, text: str, lo: int, hi: int) -> list[int]:
+    """The comma-separated integers of option `flag`, each in [lo, hi]; else exits naming the option."""
+    try:
+        vals = [int(v) for v in text.split(",")]
+    except ValueError:
+        ap.error(f"{flag}: expected comma-separated integers, got {text!r}")
+    bad = [v for v in vals if not lo <= v <= hi]
+    if bad:
+        ap.error(f"{flag}: {bad} not in [{lo}, {hi}]")
+    return vals
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="qwen3-30b-a3b,mid-64e,dsv3-ep8-slice,mixtral-8x7b")
@@ -104,19 +116,8 @@ def main() -> None:
     unknown = [n for n in names if n not in configs]
     if unknown:
         ap.error(f"--configs: unknown {unknown}; known: {sorted(configs)}")
-    try:
-        variants = [int(v) for v in a.variants.split(",")]
-    except ValueError:
-        ap.error(f"--variants: expected comma-separated integers, got {a.variants!r}")
-    bad = [v for v in variants if not 0 <= v < _lib.NUM_GEMM_VARIANTS]
-    if bad:
-        ap.error(f"--variants: {bad} not in [0, {_lib.NUM_GEMM_VARIANTS})")
-    try:
-        chunks = [int(v) for v in a.chunks.split(",")]
-    except ValueError:
-        ap.error(f"--chunks: expected comma-separated integers, got {a.chunks!r}")
-    if not all(1 <= v <= 16 for v in chunks):
-        ap.error(f"--chunks: {chunks} not all in [1, 16]")
+    variants = int_list(ap, "--variants", a.variants, 0, _lib.NUM_GEMM_VARIANTS - 1)
+    chunks = int_list(ap, "--chunks", a.chunks, 1, 16)
     dev = torch.device("cuda", torch.cuda.current_device())
     print(f"device {torch.cuda.get_device_name()}; the down GEMM (GEMM_TN_BF16), ms: median over {a.rounds} "
           f"rounds of medians of {a.reps} back-to-back launches (TFLOP/s)")
