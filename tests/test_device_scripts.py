@@ -1,8 +1,7 @@
 """The device-call scripts (benchmarks/main_check_run*.sh, new_shapes_check.sh): each printing step's workloads parse
-as energy_probe.py reads them and force only what the step compares, its configs are suite shapes, and the probe
-diffs still apply, so a typo in a script cannot cost its device call."""
+as energy_probe.py reads them and force only what the step compares, and its configs are suite shapes, so a typo in
+a script cannot cost its device call. (The benchmarks they run and the diffs they apply: test_bench_tools.py.)"""
 import json
-import sys
 
 import pytest
 
@@ -115,25 +114,6 @@ def test_main_check_run32_workloads_parse_and_force_only_the_d_a_kind(tmp_path):
     assert env0 == {} and env1["MOK_FAST_GEMM_VARIANT"].split(",") == [""] * 6 + ["2", "", ""], env1
 
 
-@pytest.mark.parametrize("diff", [
-    "stages_probe.diff",  # benchmarks/stages_probe.sh patches a copy of csrc with it
-    "pdl_run39.diff",     # programmatic dependent launch (run 39, not kept): main_check_run39.sh's pdl-ab step
-    "d_a_shared_a_run42.diff",  # the d_a kind in 1x2 clusters (run 42, not kept): main_check_run42.sh's tiles, ab
-    "pq24_run43.diff",    # [p | q] in 24 bits a value (run 43, not kept in run 44): main_check_run43.sh's library B
-    "epi_stages_run44.diff",  # the linear epilogue's bf16 D in 4 store buffers (run 44, not kept): library B
-    "dx_tall_wide_run44.diff",  # the d_x kind's variant 5 in 256x192 tiles (run 44, not kept): library C
-    "chunked_order_run45.diff",  # MOK_FAST_GEMM_CHUNK, neighbouring tiles a CTA (run 45, built, not yet run): library B
-])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's)
-def test_probe_diffs_still_apply_to_this_tree(diff):
-    """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
-    fits would stop such a build in a device session."""
-    import subprocess
-
-    r = subprocess.run(["git", "apply", "--check", str(BENCH / diff)], capture_output=True, text=True,
-                       cwd=BENCH.parent)
-    assert r.returncode == 0, r.stderr
-
-
 def test_main_check_run33_gate_up_tiles_pair_each_shape_with_only_the_fused_gate_up_kind_forced(tmp_path):
     """Run 33's gu-tiles step: each few-large-expert shape twice, as the rule runs it and with only the fused gate/up
     + SwiGLU kind (MOK_FAST_GEMM_VARIANT's eighth entry) forced to the cooperative tile, variant 0."""
@@ -205,39 +185,6 @@ def test_main_check_run37_store_workloads_are_issue13_shapes_and_olmoe_as_the_ru
     specs = script_step("main_check_run37.sh", "store-workloads", tmp_path)
     assert specs == [*TARGETS, "mok:olmoe-1b-7b"], specs
     assert all(kind == "mok" and env == {} for kind, _, env in (parse(s, configs) for s in specs))
-
-
-def test_ncu_table_reads_each_launch_of_a_survey_log():
-    """benchmarks/ncu_table.py on run 37's survey of Qwen3-30B-A3B (main's library): one row per GEMM launch of the
-    step, in launch order, each named by its kernel's types, with its tile and every metric read (no '?')."""
-    import sys
-    sys.path.insert(0, str(BENCH))
-    import ncu_table
-
-    text = (BENCH.parent / "logs" / "ncu_survey_qwen3-30b-a3b_main_run37_h100.log").read_text()
-    rows = ncu_table.rows(text)
-    assert [r[0] for r in rows] == ["gate/up + SwiGLU", "bf16 out", "d_a + SwiGLU bwd", "d_x", "fp32 out",
-                                    "fp32 out"], rows
-    assert [r[1] for r in rows] == ["128x192"] * 4 + ["192x128", "128x192"], rows
-    assert all("?" not in r for r in rows), rows
-    assert rows[2][2:4] == ["887.46 us", "75.85"], rows[2]  # the d_a launch: duration, DRAM throughput
-
-
-def test_ncu_table_reads_sonicmoe_launches_by_their_quack_names():
-    """benchmarks/ncu_table.py on run 45's Nsight Compute log of one SonicMoE step of Qwen3-30B-A3B: its six QuACK
-    GEMM launches in launch order, each named by its epilogue, with its wgmma shape, clock and cycles read."""
-    import sys
-    sys.path.insert(0, str(BENCH))
-    import ncu_table
-
-    text = (BENCH.parent / "logs" / "ncu_qwen3-30b-a3b_sonic_run45_h100.log").read_text()
-    rows = ncu_table.rows(text)
-    assert [r[0] for r in rows] == ["gate/up (gathered) + SwiGLU", "bf16 out", "d_a + SwiGLU bwd + d_w"] + \
-        ["bf16 out"] * 3, rows
-    assert [r[1] for r in rows] == ["wgmma 64x256", "wgmma 64x128", "wgmma 64x256", "wgmma 64x160"] + \
-        ["wgmma 64x128"] * 2, rows
-    assert all("?" not in r for r in rows), rows
-    assert rows[1][2] == "658.85 us" and rows[1][-2:] == ["1.61", "1,074,097"], rows[1]  # the down GEMM
 
 
 def test_main_check_run37_coop_da_workloads_pair_each_small_expert_shape_with_the_cooperative_d_a(tmp_path):
@@ -441,22 +388,6 @@ def test_main_check_run44_dx_workloads_reach_the_d_x_kinds_variant_5(tmp_path):
         assert env == {} and _tiles.variant(GEMM_NN_BF16, c["H"], c["I"]) == 5, c
 
 
-@pytest.mark.parametrize("args, says", [
-    (["dsv3-ep8-slice", "grouped_mm"], "usage"),  # a method it does not profile
-    (["dsv3-ep8-slice"], "usage"),                # no method
-    (["no-such-config", "sonic"], "no-such-config"),  # an unknown config, named
-    (["dsv3-ep8-slice", "sonic", "two"], "WARMUPS"),  # warm-up steps not a whole number
-])
-def test_ncu_peer_steps_refuses_bad_arguments_before_touching_a_gpu(args, says):
-    """Run 44's ncu step runs benchmarks/ncu_peer_steps.py under Nsight Compute for mok_gu and sonic only: anything
-    else stops it at once, naming what was wrong, before any GPU work (so a typo costs no device time)."""
-    import subprocess
-
-    r = subprocess.run([sys.executable, str(BENCH / "ncu_peer_steps.py"), *args], capture_output=True, text=True,
-                       cwd=BENCH.parent)
-    assert r.returncode != 0 and says in r.stderr, (r.returncode, r.stderr[-500:])
-
-
 def test_main_check_run45_configs_and_workloads(tmp_path):
     """Run 45's calls: the group-change benchmark's configs are known shapes; the ab step's workloads parse as
     energy_probe reads them, each shape by the rule and then with only MOK_FAST_GEMM_CHUNK set (2 or 4)."""
@@ -470,24 +401,6 @@ def test_main_check_run45_configs_and_workloads(tmp_path):
     for _, c, env in parsed:
         assert env == {} or (set(env) == {"MOK_FAST_GEMM_CHUNK"} and env["MOK_FAST_GEMM_CHUNK"] in ("2", "4")), env
         assert c["name"] in plain, c["name"]
-
-
-@pytest.mark.parametrize("args, says", [
-    (["--variants", "0,99"], "--variants"),      # a tile variant the library does not have
-    (["--variants", "0,x"], "--variants"),       # not an integer
-    (["--configs", "no-such-config"], "no-such-config"),  # an unknown config, named
-    (["--rounds", "0"], "--rounds"),             # nothing would be timed
-    (["--chunks", "1,0"], "--chunks"),           # a chunk of no tiles
-    (["--chunks", "1,17"], "--chunks"),          # more than the library takes
-])
-def test_bench_group_changes_refuses_bad_arguments_before_touching_a_gpu(args, says):
-    """Run 45's group-change benchmark (benchmarks/bench_group_changes.py) stops at once on a bad argument, naming
-    it, before any GPU work."""
-    import subprocess
-
-    r = subprocess.run([sys.executable, str(BENCH / "bench_group_changes.py"), *args], capture_output=True,
-                       text=True, cwd=BENCH.parent)
-    assert r.returncode != 0 and says in r.stderr, (r.returncode, r.stderr[-500:])
 
 
 def test_device_budget_gives_each_step_the_smaller_of_its_limit_and_what_is_left():
