@@ -415,3 +415,14 @@ def test_device_budget_gives_each_step_the_smaller_of_its_limit_and_what_is_left
     small, left, less = (int(v) for v in r.stdout.split()[:3])
     assert small == 50 and 99 <= left <= 100 and less == left - 5, r.stdout
     assert 'energy_probe.py "$@"' in r.stdout, r.stdout
+
+
+def test_main_check_run46_configs_and_workloads(tmp_path):
+    """Run 46's calls: the group-change benchmark's configs are known shapes; the ab step's workloads parse as
+    energy_probe reads them, five distinct shapes, each by the rule (the two libraries differ, not the settings)."""
+    parse, configs = energy_probe()
+    names = script_step("main_check_run46.sh", "groups-configs", tmp_path)[0].split(",")
+    assert len(names) == 5 and set(names) <= set(configs), names
+    parsed = [parse(s, configs) for s in script_step("main_check_run46.sh", "ab-workloads", tmp_path)]
+    assert all(k == "mok" and env == {} for k, _, env in parsed), parsed
+    assert len({c["name"] for _, c, _ in parsed}) == 5, parsed
