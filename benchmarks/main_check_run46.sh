@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run 46's device calls. Library A is main's; library B is main with benchmarks/reg_epilogue_run46.diff, the linear
 # epilogue stored from registers (csrc/epilogue_linear_reg.cuh: no D tensor map, so no rewrite and fence when a
-# consumer warpgroup's next tile is in another group; no shared memory for the epilogue). Steps, each logged under $OUT, each given what is left of
+# consumer warpgroup's next tile is in another group; no shared memory for the epilogue), or with
+# benchmarks/reg_epilogue16_run46.diff, the same storing 16-byte runs gathered by quad shuffles (.build/b46v4). Steps, each logged under $OUT, each given what is left of
 # BUDGET_S (seconds, default 560):
 #   bits     benchmarks/variant_bits.py under A and B, each by the rule and in variants 0, 3 and 5, compared bit for
 #            bit with A by the rule ($OUT/bits.log);

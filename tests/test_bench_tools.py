@@ -18,6 +18,7 @@ from bench_scripts import BENCH
     "dx_tall_wide_run44.diff",  # the d_x kind's variant 5 in 256x192 tiles (run 44, not kept): library C
     "chunked_order_run45.diff",  # MOK_FAST_GEMM_CHUNK, neighbouring tiles a CTA (run 45, not kept in run 46)
     "reg_epilogue_run46.diff",   # the linear epilogue stored from registers (run 46, not kept): library B
+    "reg_epilogue16_run46.diff",  # the same in 16-byte runs gathered by quad shuffles (run 46): library B of call 3
 ])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's)
 def test_probe_diffs_still_apply_to_this_tree(diff):
     """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
