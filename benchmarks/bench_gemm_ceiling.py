@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_moe import CONFIGS, SUITE, bf16_peak_tflops, load_configs, timed  # noqa: E402
+from bench_moe import bf16_peak_tflops, named_configs, timed  # noqa: E402
 from mok.fast import _lib  # noqa: E402
 from mok.fast._lib import Operand, Segment  # noqa: E402
 
@@ -42,7 +42,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
-    configs = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
+    try:
+        configs = named_configs(a.configs)
+    except ValueError as e:
+        ap.error(f"--{e}")
     variants = [int(v) for v in a.variants.split(",")]
     orders = a.orders.split(",")
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -50,8 +53,8 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()}; ms median over {a.rounds} rounds of medians of {a.reps}")
     print("| config | launch | " + " | ".join(orders) + " | best TFLOP/s |")
     print("|---" * (len(orders) + 3) + "|")
-    for name in a.configs.split(","):
-        bench_config(name, configs[name], a, variants, orders, dev)
+    for c in configs:
+        bench_config(c["name"], c, a, variants, orders, dev)
         torch.cuda.empty_cache()
     for var in ("MOK_FAST_GEMM_RASTER", "MOK_FAST_GEMM_SWIZZLE"):
         os.environ.pop(var, None)
@@ -63,10 +66,7 @@ def bench_config(name, c, a, variants, orders, dev) -> None:
     R = T * K
     g = torch.Generator().manual_seed(1)
     counts = torch.bincount(torch.randint(0, E, (R,), generator=g), minlength=E)
-    offsets = torch.zeros(2 * E + 1, dtype=torch.int32)
-    offsets[1:E + 1] = counts.cumsum(0)
-    offsets[E + 1:] = counts
-    offsets = offsets.to(dev)
+    offsets = _lib.offsets_from_counts(counts, dev)
     x = torch.randn(R, H, device=dev, dtype=torch.bfloat16)
     w = torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16) / H ** 0.5
     flops = 2.0 * R * H * 2 * I

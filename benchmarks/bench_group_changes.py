@@ -25,20 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_moe import CONFIGS, SUITE, load_configs, timed  # noqa: E402
+from bench_moe import named_configs, timed  # noqa: E402
 from mok.fast import _lib  # noqa: E402
 from mok.fast._lib import Operand, Segment  # noqa: E402
 
 GROUPINGS = ("E routed", "E even", "E/8 even", "1")
-
-
-def offsets_for(counts_G: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """mok's offsets array [2G + 1] int32 (first row of each group, then the rows of each) for group sizes counts_G."""
-    G = counts_G.numel()
-    offsets = torch.zeros(2 * G + 1, dtype=torch.int32)
-    offsets[1:G + 1] = counts_G.cumsum(0)
-    offsets[G + 1:] = counts_G
-    return offsets.to(dev)
 
 
 def launches(c: dict, variants: list[int], dev: torch.device) -> tuple[dict, float, torch.Tensor]:
@@ -56,7 +47,7 @@ def launches(c: dict, variants: list[int], dev: torch.device) -> tuple[dict, flo
         counts["E even"] = torch.full((E,), R // E, dtype=torch.int64)
     if E % 8 == 0 and R % (E // 8) == 0:
         counts["E/8 even"] = torch.full((E // 8,), R // (E // 8), dtype=torch.int64)
-    segs = {k: [Segment.expert_rows(offsets_for(v, dev), v.numel(), H, I, a, w, o)] for k, v in counts.items()}
+    segs = {k: [Segment.expert_rows(_lib.offsets_from_counts(v, dev), v.numel(), H, I, a, w, o)] for k, v in counts.items()}
     segs["1"] = [Segment.all_rows(R, H, I, Operand(a_RI, 0, 0, I), Operand(w_down_EHI, 0, 0, I),
                                   Operand(o_RH, 0, 0, H))]
 
@@ -111,11 +102,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.rounds < 1 or a.reps < 1:
         ap.error("--rounds and --reps must be at least 1")
-    configs = {c["name"]: c for c in load_configs(CONFIGS) + load_configs(SUITE)}
-    names = a.configs.split(",")
-    unknown = [n for n in names if n not in configs]
-    if unknown:
-        ap.error(f"--configs: unknown {unknown}; known: {sorted(configs)}")
+    try:
+        configs = named_configs(a.configs)
+    except ValueError as e:
+        ap.error(f"--{e}")
     variants = int_list(ap, "--variants", a.variants, 0, _lib.NUM_GEMM_VARIANTS - 1)
     chunks = int_list(ap, "--chunks", a.chunks, 1, 16)
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -123,8 +113,9 @@ def main() -> None:
           f"rounds of medians of {a.reps} back-to-back launches (TFLOP/s)")
     print("| config | variant | chunk | " + " | ".join(GROUPINGS) + " |")
     print("|---" * (len(GROUPINGS) + 3) + "|")
-    for name in names:
-        fns, flops, o_RH = launches(configs[name], variants, dev)
+    for c in configs:
+        name = c["name"]
+        fns, flops, o_RH = launches(c, variants, dev)
         check_chunk_bits(name, fns, chunks, o_RH)
         times = {(key, chunk): [] for key in fns for chunk in chunks}
         for _ in range(a.rounds):

@@ -286,3 +286,24 @@ def test_allowed_private_imports_are_still_needed():
     """An exception that is no longer used is removed from the list."""
     for rel in _PRIVATE_IMPORT_ALLOWED:
         assert _private_reference_imports(ROOT / rel), f"{rel} no longer imports a private module: drop it"
+
+
+def test_offsets_from_counts_lays_groups_end_to_end():
+    """The offsets array Segment.expert_rows reads: first rows (an empty group's equal to the next one's, the last
+    entry the total), then each group's rows; int32 on the device asked for."""
+    import torch
+
+    got = _lib.offsets_from_counts(torch.tensor([3, 0, 5], dtype=torch.int64), torch.device("cpu"))
+    assert got.dtype == torch.int32 and got.tolist() == [0, 3, 3, 8, 3, 0, 5], got
+
+
+@pytest.mark.parametrize("counts", [
+    [[1, 2], [3, 4]],  # 2-D: no group list
+    [1.0, 2.0],        # floating point: not row counts
+    [2, -1],           # a negative row count
+])
+def test_offsets_from_counts_refuses_bad_counts(counts):
+    import torch
+
+    with pytest.raises(ValueError, match="counts_G"):
+        _lib.offsets_from_counts(torch.tensor(counts), torch.device("cpu"))

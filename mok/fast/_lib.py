@@ -204,6 +204,21 @@ class Segment:
 
 
 @functools.lru_cache(maxsize=None)
+def offsets_from_counts(counts_G: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The offsets array [2G + 1] int32 that Segment.expert_rows and Segment.expert_wgrad read, on `device`, for G
+    groups of counts_G [G] (any integer dtype) rows laid end to end: entries 0 … G the first row of each group (entry
+    G the total), entries G + 1 … 2G the rows of each. What the schedule kernels write for routed experts; for callers
+    that choose the group sizes themselves (benchmarks, tests)."""
+    if counts_G.dim() != 1 or counts_G.is_floating_point() or bool((counts_G < 0).any()):
+        raise ValueError(f"counts_G: expected a 1-D tensor of non-negative integers, got {counts_G.dtype} "
+                         f"{tuple(counts_G.shape)}")
+    G = counts_G.numel()
+    offsets = torch.zeros(2 * G + 1, dtype=torch.int32)
+    offsets[1:G + 1] = counts_G.cpu().cumsum(0)
+    offsets[G + 1:] = counts_G.cpu()
+    return offsets.to(device)
+
+
 def _workspace_bytes(kind: int, variant: int, groups: int, device_index: int) -> int:
     return int(lib().mok_gemm_workspace_bytes(kind, variant, groups, device_index))
 

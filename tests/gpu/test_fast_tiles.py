@@ -99,13 +99,11 @@ def test_a_groups_rows_do_not_depend_on_its_row_count(kind, variant):
 
     def run(extra: int) -> torch.Tensor:
         counts = torch.tensor([r + extra for r in ROW_COUNTS], dtype=torch.int32)
-        offsets = torch.zeros(2 * E + 1, dtype=torch.int32)
-        offsets[1:E + 1] = counts.cumsum(0)
-        offsets[E + 1:] = counts
+        offsets = _lib.offsets_from_counts(counts, dev)
         rows = torch.cat([x[e, :int(c)] for e, c in enumerate(counts)])
         out = torch.full((rows.shape[0], N), float("nan"), device=dev, dtype=out_dtype)
         b = _lib.Operand(w_NH, N * H, 0, H) if kind == "GEMM_TN_BF16" else _lib.Operand(w_HN, H * N, 0, N)
-        seg = _lib.Segment.expert_rows(offsets.to(dev), E, N, H, _lib.Operand(rows, 0, H, H), b,
+        seg = _lib.Segment.expert_rows(offsets, E, N, H, _lib.Operand(rows, 0, H, H), b,
                                        _lib.Operand(out, 0, N, N))
         _lib.grouped_gemm(k, [seg], dev, variant)
         torch.cuda.synchronize()
