@@ -19,6 +19,8 @@ from bench_scripts import BENCH
     "chunked_order_run45.diff",  # MOK_FAST_GEMM_CHUNK, neighbouring tiles a CTA (run 45, not kept in run 46)
     "reg_epilogue_run46.diff",   # the linear epilogue stored from registers (run 46, not kept): library B
     "reg_epilogue16_run46.diff",  # the same in 16-byte runs gathered by quad shuffles (run 46): library B of call 3
+    "swiglu_fwd_wide_run47.diff",  # the fused gate/up epilogue's 16-byte stores (run 47): main_check_run47.sh's C
+    "swiglu_fwd_staged_run47.diff",  # that epilogue staged and stored by TMA, ragged maps (run 47): library D
 ])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's)
 def test_probe_diffs_still_apply_to_this_tree(diff):
     """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
