@@ -11,7 +11,7 @@
 #          and in variants 0 and 3, each compared bit for bit with A by the rule ($OUT/bits.log);
 #   fused  with FUSED_LIB (default D): tests/gpu/test_fast_fused_fwd.py and tests/gpu/test_fast_tiles.py
 #          ($OUT/fused_$FUSED_LIB.log);
-#   ab     whole steps (energy_probe.py) of AB_WORKLOADS, libraries AB_LIBS (default "A C D") in turn, two rounds
+#   ab     whole steps (energy_probe.py) of AB_WORKLOADS, libraries AB_LIBS (default "A C D") in turn, AB_ROUNDS rounds (2)
 #          ($OUT/energy_ab.log);
 #   gpu    with FUSED_LIB: every GPU test (tests/gpu) ($OUT/gpu_tests.log).
 # Printing step for the CPU checks (tests/test_device_scripts.py): ab-workloads.
@@ -42,7 +42,7 @@ for step in "$@"; do
            MOK_FAST_LIB=$(lib ${FUSED_LIB:-D}) timeout "$(cap 200)" python -m pytest tests/gpu/test_fast_fused_fwd.py \
              tests/gpu/test_fast_tiles.py -q -p no:cacheprovider 2>&1 | tee "$OUT/fused_${FUSED_LIB:-D}.log" | tail -3;;
     ab) echo "== ab ($(left) s left)"
-        for r in 1 2; do for l in ${AB_LIBS:-A C D}; do ab_round "$r" "$l"; done; done;;
+        for r in $(seq 1 "${AB_ROUNDS:-2}"); do for l in ${AB_LIBS:-A C D}; do ab_round "$r" "$l"; done; done;;
     gpu) echo "== gpu ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
          MOK_FAST_LIB=$(lib ${FUSED_LIB:-D}) timeout "$(cap 300)" python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
            | tee "$OUT/gpu_tests.log" | tail -4;;
