@@ -11,11 +11,11 @@
 #          and in variants 0 and 3, each compared bit for bit with A by the rule ($OUT/bits.log);
 #   fused  with FUSED_LIB (default D): tests/gpu/test_fast_fused_fwd.py and tests/gpu/test_fast_tiles.py
 #          ($OUT/fused_$FUSED_LIB.log);
-#   ab     whole steps (energy_probe.py) of AB_WORKLOADS, libraries AB_LIBS (default "A C D") in turn, AB_ROUNDS rounds (2)
-#          ($OUT/energy_ab.log);
+#   ab     whole steps (energy_probe.py) of AB_WORKLOADS, libraries AB_LIBS (default "A C D") in turn, AB_ROUNDS
+#          rounds (default 2) ($OUT/energy_ab.log);
 #   gpu    with FUSED_LIB: every GPU test (tests/gpu) ($OUT/gpu_tests.log).
 # Printing step for the CPU checks (tests/test_device_scripts.py): ab-workloads.
-# Usage (repo root, the libraries carried; B and C built here: git apply the diff, MOK_FAST_JOBS=2 python -m
+# Usage (repo root, the libraries carried; B, C and D built here: git apply the diff, MOK_FAST_JOBS=2 python -m
 # mok.fast._build OUT.so, git apply -R it):
 #   MOK_FAST_LIB_A=$PWD/.build/b41gs/libmok_fast.so MOK_FAST_LIB_C=$PWD/.build/b47f/libmok_fast.so \
 #     MOK_FAST_LIB_D=$PWD/.build/b47s/libmok_fast.so BUDGET_S=560 bash benchmarks/main_check_run47.sh bits ab fused
@@ -39,13 +39,14 @@ for step in "$@"; do
             $(for l in ${BITS_LIBS:-C D}; do echo /tmp/bits_${l}_v{rule,0,3}.pt; done) 2>&1 | tee "$OUT/bits.log" \
             | tail -12;;
     fused) echo "== fused ($(left) s left)"
-           MOK_FAST_LIB=$(lib ${FUSED_LIB:-D}) timeout "$(cap 200)" python -m pytest tests/gpu/test_fast_fused_fwd.py \
-             tests/gpu/test_fast_tiles.py -q -p no:cacheprovider 2>&1 | tee "$OUT/fused_${FUSED_LIB:-D}.log" | tail -3;;
+           MOK_FAST_LIB=$(lib "${FUSED_LIB:-D}") timeout "$(cap 200)" python -m pytest \
+             tests/gpu/test_fast_fused_fwd.py tests/gpu/test_fast_tiles.py -q -p no:cacheprovider 2>&1 \
+             | tee "$OUT/fused_${FUSED_LIB:-D}.log" | tail -3;;
     ab) echo "== ab ($(left) s left)"
         for r in $(seq 1 "${AB_ROUNDS:-2}"); do for l in ${AB_LIBS:-A C D}; do ab_round "$r" "$l"; done; done;;
     gpu) echo "== gpu ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
-         MOK_FAST_LIB=$(lib ${FUSED_LIB:-D}) timeout "$(cap 300)" python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
-           | tee "$OUT/gpu_tests.log" | tail -4;;
+         MOK_FAST_LIB=$(lib "${FUSED_LIB:-D}") timeout "$(cap 300)" python -m pytest tests/gpu -q \
+           -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -4;;
     ab-workloads) echo $AB_WORKLOADS;;
     *) echo "unknown step $step"; exit 2;;
   esac
