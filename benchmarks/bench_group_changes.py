@@ -47,7 +47,8 @@ def launches(c: dict, variants: list[int], dev: torch.device) -> tuple[dict, flo
         counts["E even"] = torch.full((E,), R // E, dtype=torch.int64)
     if E % 8 == 0 and R % (E // 8) == 0:
         counts["E/8 even"] = torch.full((E // 8,), R // (E // 8), dtype=torch.int64)
-    segs = {k: [Segment.expert_rows(_lib.offsets_from_counts(v, dev), v.numel(), H, I, a, w, o)] for k, v in counts.items()}
+    segs = {k: [Segment.expert_rows(_lib.offsets_from_counts(v, dev), v.numel(), H, I, a, w, o)]
+            for k, v in counts.items()}
     segs["1"] = [Segment.all_rows(R, H, I, Operand(a_RI, 0, 0, I), Operand(w_down_EHI, 0, 0, I),
                                   Operand(o_RH, 0, 0, H))]
 

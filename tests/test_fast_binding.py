@@ -297,6 +297,18 @@ def test_offsets_from_counts_lays_groups_end_to_end():
     assert got.dtype == torch.int32 and got.tolist() == [0, 3, 3, 8, 3, 0, 5], got
 
 
+def test_offsets_from_counts_reads_the_counts_at_each_call_and_workspace_sizes_stay_cached():
+    """offsets_from_counts is not cached (a tensor changed in place, or a new one at a freed one's address, would get
+    stale offsets), while _workspace_bytes, asked at every GEMM launch, is."""
+    import torch
+
+    counts = torch.tensor([1, 2], dtype=torch.int32)
+    assert _lib.offsets_from_counts(counts, torch.device("cpu")).tolist() == [0, 1, 3, 1, 2]
+    counts[0] = 4
+    assert _lib.offsets_from_counts(counts, torch.device("cpu")).tolist() == [0, 4, 6, 4, 2]
+    assert hasattr(_lib._workspace_bytes, "cache_info"), "the launch path asks the library for sizes every time"
+
+
 @pytest.mark.parametrize("counts", [
     [[1, 2], [3, 4]],  # 2-D: no group list
     [1.0, 2.0],        # floating point: not row counts

@@ -203,7 +203,6 @@ class Segment:
                           self.b_up.c() if self.b_up is not None else MokOperand())
 
 
-@functools.lru_cache(maxsize=None)
 def offsets_from_counts(counts_G: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The offsets array [2G + 1] int32 that Segment.expert_rows and Segment.expert_wgrad read, on `device`, for G
     groups of counts_G [G] (any integer dtype) rows laid end to end: entries 0 … G the first row of each group (entry
@@ -219,6 +218,7 @@ def offsets_from_counts(counts_G: torch.Tensor, device: torch.device) -> torch.T
     return offsets.to(device)
 
 
+@functools.lru_cache(maxsize=None)
 def _workspace_bytes(kind: int, variant: int, groups: int, device_index: int) -> int:
     return int(lib().mok_gemm_workspace_bytes(kind, variant, groups, device_index))
 
