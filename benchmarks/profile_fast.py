@@ -24,6 +24,7 @@ def short(name: str) -> str:
     if "GemmUniversal" in name or "cutlass" in name:
         return "cutlass grouped GEMM " + ("pingpong" if "Pingpong" in name else "cooperative") + \
             (" SwiGLU-bwd epilogue" if "SwigluBwd" in name else
+             " SwiGLU-fwd epilogue, staged" if "SwigluFwdStaged" in name else
              " SwiGLU-fwd epilogue" if "SwigluFwdEpilogue" in name else
              " f32-out" if "LinearCombinationIffvf" in name else " bf16-out")
     if "combine_rows_k<" in name:  # one kernel template: the forward combine (weighted) or the d_x combine

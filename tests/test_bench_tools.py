@@ -13,15 +13,13 @@ from bench_scripts import BENCH
     "stages_probe.diff",  # benchmarks/stages_probe.sh patches a copy of csrc with it
     "pdl_run39.diff",     # programmatic dependent launch (run 39, not kept): main_check_run39.sh's pdl-ab step
     "d_a_shared_a_run42.diff",  # the d_a kind in 1x2 clusters (run 42, not kept): main_check_run42.sh's tiles, ab
-    "pq24_run43.diff",    # [p | q] in 24 bits a value (run 43, not kept in run 44): main_check_run43.sh's library B
     "epi_stages_run44.diff",  # the linear epilogue's bf16 D in 4 store buffers (run 44, not kept): library B
     "dx_tall_wide_run44.diff",  # the d_x kind's variant 5 in 256x192 tiles (run 44, not kept): library C
-    "chunked_order_run45.diff",  # MOK_FAST_GEMM_CHUNK, neighbouring tiles a CTA (run 45, not kept in run 46)
-    "reg_epilogue_run46.diff",   # the linear epilogue stored from registers (run 46, not kept): library B
-    "reg_epilogue16_run46.diff",  # the same in 16-byte runs gathered by quad shuffles (run 46): library B of call 3
-    "swiglu_fwd_wide_run47.diff",  # the fused gate/up epilogue's 16-byte stores (run 47): main_check_run47.sh's C
-    "swiglu_fwd_staged_run47.diff",  # that epilogue staged and stored by TMA, ragged maps (run 47): library D
-])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's)
+    "d_a_staged_run48.diff",  # the d_a epilogue's [dg | du] stored by TMA (run 48): main_check_run48.sh's library E
+])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's. Run 48 merged
+#    swiglu_fwd_staged_run47.diff. These apply to 4475e7b's tree and no longer to this one: pq24_run43.diff,
+#    chunked_order_run45.diff, reg_epilogue_run46.diff and swiglu_fwd_wide_run47.diff, not kept, and
+#    reg_epilogue16_run46.diff, never run: run 46's register stores lost to the linear epilogue's TMA stores)
 def test_probe_diffs_still_apply_to_this_tree(diff):
     """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
     fits would stop such a build in a device session."""

@@ -24,6 +24,7 @@
 #include "epilogue_swiglu_bwd.cuh"
 #include "epilogue_swiglu_bwd_loaded.cuh"
 #include "epilogue_swiglu_fwd.cuh"
+#include "epilogue_swiglu_fwd_staged.cuh"
 #include "gemm_kinds.h"
 #include "mainloop_gate_up.cuh"
 #include "mainloop_k_halves.cuh"
@@ -100,8 +101,13 @@ struct GroupedGemm {
       kPingpongSchedule, SwigluBwdLoadedEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>,
       cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
           SwigluBwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>>;
-  using SwigluFwdEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-      SwigluFwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>;
+  // The SwiGLU forward: in the ping-pong tiles staged in shared memory and stored by TMA
+  // (epilogue_swiglu_fwd_staged.cuh), in the cooperative ones stored from registers.
+  static constexpr bool kStagedFwd = kSwigluFwd && kPingpongSchedule;
+  using SwigluFwdEpilogue = cute::conditional_t<
+      kPingpongSchedule, StagedAdapter<SwigluFwdStagedEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>,
+      cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+          SwigluFwdEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>>;
   using CollectiveEpilogue = cute::conditional_t<
       kSwigluBwd, SwigluEpilogue, cute::conditional_t<kSwigluFwd, SwigluFwdEpilogue, LinearEpilogue>>;
 
@@ -188,7 +194,14 @@ struct GroupedGemm {
 
   // The SwiGLU epilogues' arguments (C: operand aux), or the linear epilogue's D = the accumulator (no C).
   static typename GemmKernel::EpilogueArguments epilogue_args(Arrays arr) {
-    if constexpr (kHasAux) {
+    if constexpr (kStagedFwd) {
+      typename GemmKernel::EpilogueArguments args{};
+      args.ptr_C = arr.c;
+      args.dC = arr.sc;
+      args.ptr_D = arr.d;
+      args.dD = arr.sd;
+      return args;  // the store targets: run_grouped sets them from the segments
+    } else if constexpr (kHasAux) {
       return {arr.c, arr.sc, arr.d, arr.sd};
     } else {
       typename GemmKernel::EpilogueArguments args{};
@@ -322,6 +335,25 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return set_error("fill_group_args: %s", cudaGetErrorString(err));
   auto args = G::make_args(arr, groups, device);
+  if constexpr (G::kStagedFwd) {  // each segment whose groups are row ranges of one [p | q] and one a buffer
+    int first = 0;
+    for (int j = 0; j < n_segs && j < kMaxStoreTargets; ++j) {
+      const MokSegment& s = segs[j];
+      const bool one = s.num_groups == 1;
+      if ((one || (s.d.expert_stride == 0 && s.d.row_stride == s.d.ld && s.aux.expert_stride == 0 &&
+                   s.aux.row_stride == s.aux.ld)) && n_segs <= kMaxStoreTargets) {
+        SwigluFwdStoreTarget& t = args.epilogue.targets[args.epilogue.n_targets++];
+        t.pq = static_cast<float*>(s.d.base) + s.d.offset;
+        t.a = static_cast<cutlass::bfloat16_t*>(s.aux.base) + s.aux.offset;
+        t.ld_pq = s.d.ld;
+        t.ld_a = s.aux.ld;
+        t.I = s.n / 2;
+        t.first = first;
+        t.groups = s.num_groups;
+      }
+      first += s.num_groups;
+    }
+  }
   if (!tile_order(args.scheduler))
     return set_error("MOK_FAST_GEMM_RASTER / MOK_FAST_GEMM_SWIZZLE: expected M or N / 1, 2, 4 or 8");
   char* cutlass_ws = static_cast<char*>(workspace) + G::arrays_bytes(groups);
