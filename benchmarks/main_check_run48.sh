@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Run 48's device call. Library A is main's (the fused gate/up epilogue staged and stored by TMA, merged from
+# run 47's library D). E is main with benchmarks/d_a_staged_run48.diff: the d_a epilogue's [dg | du] written back
+# into the [p | q] sub-tile it was computed from, once every thread has read it, and stored by TMA through one ragged
+# map per segment, in place of bf16 column pairs stored from registers. Steps, each logged under $OUT, each given what
+# is left of BUDGET_S (seconds, default 560):
+#   bits     benchmarks/variant_bits.py under A by the rule, and under E by the rule and in variants 0 and 3, each
+#            compared bit for bit with A ($OUT/bits.log);
+#   gpu      with E: every GPU test (tests/gpu) ($OUT/gpu_tests.log);
+#   ab       whole steps (energy_probe.py) of AB_WORKLOADS, libraries AB_LIBS (default "E A") in turn, AB_ROUNDS
+#            rounds (default 2) ($OUT/energy_ab.log);
+#   profile  benchmarks/profile_fast.py of PROFILE_SHAPES under A, then E, PROFILE_ROUNDS rounds (default 1)
+#            ($OUT/profiles.log; the launches of each shape, one step).
+# Printing step for the CPU checks (tests/test_device_scripts.py): ab-workloads.
+# Usage (repo root, the libraries carried; E built here: git apply the diff, MOK_FAST_JOBS=2 python -m
+# mok.fast._build OUT.so, git apply -R it):
+#   MOK_FAST_LIB_A=$PWD/.build/b48m/libmok_fast.so MOK_FAST_LIB_E=$PWD/.build/b48e/libmok_fast.so \
+#     BUDGET_S=540 bash benchmarks/main_check_run48.sh bits gpu ab profile
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+AB_WORKLOADS="mok:qwen3-30b-a3b mok:olmoe-1b-7b mok:mid-64e@S0 mok:dsv3-ep8-slice@S0 mok:mixtral-8x7b"
+PROFILE_SHAPES=${PROFILE_SHAPES:-"qwen3-30b-a3b olmoe-1b-7b mid-64e"}
+source "$(dirname "$0")/device_budget.sh"
+for step in "$@"; do
+  case $step in
+    bits) echo "== bits ($(left) s left)"
+          MOK_FAST_LIB=$(lib A) timeout "$(cap 60)" python benchmarks/variant_bits.py --save /tmp/bits_A_vrule.pt \
+            2>&1 | grep -v -i warn
+          for v in "" 0 3; do
+            MOK_FAST_LIB=$(lib E) MOK_FAST_GEMM_VARIANT=$v timeout "$(cap 60)" python benchmarks/variant_bits.py \
+              --save "/tmp/bits_E_v${v:-rule}.pt" 2>&1 | grep -v -i warn
+          done
+          python benchmarks/variant_bits.py --compare /tmp/bits_A_vrule.pt /tmp/bits_E_v{rule,0,3}.pt 2>&1 \
+            | tee "$OUT/bits.log" | tail -6;;
+    gpu) echo "== gpu ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+         MOK_FAST_LIB=$(lib E) timeout "$(cap 300)" python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
+           | tee "$OUT/gpu_tests.log" | tail -4;;
+    ab) echo "== ab ($(left) s left)"
+        for r in $(seq 1 "${AB_ROUNDS:-2}"); do for l in ${AB_LIBS:-E A}; do ab_round "$r" "$l"; done; done;;
+    profile) echo "== profile ($(left) s left)"
+             for r in $(seq 1 "${PROFILE_ROUNDS:-1}"); do for l in A E; do for c in $PROFILE_SHAPES; do
+               echo "#### round $r, library $l, $c" >> "$OUT/profiles.log"
+               MOK_FAST_LIB=$(lib $l) timeout "$(cap 40)" python benchmarks/profile_fast.py "$c" 2>&1 \
+                 | grep -v -i warn >> "$OUT/profiles.log"
+             done; done; done
+             grep -E "^####|GEMM pingpong SwiGLU" "$OUT/profiles.log";;
+    ab-workloads) echo $AB_WORKLOADS;;
+    *) echo "unknown step $step"; exit 2;;
+  esac
+  case $step in ab-workloads) ;; *) date -u;; esac
+done
