@@ -6,7 +6,7 @@
 # is left of BUDGET_S (seconds, default 560):
 #   bits     benchmarks/variant_bits.py under A by the rule, and under E by the rule and in variants 0 and 3, each
 #            compared bit for bit with A ($OUT/bits.log);
-#   gpu      with E: every GPU test (tests/gpu) ($OUT/gpu_tests.log);
+#   gpu      with E: the GPU tests GPU_TESTS (default tests/gpu, every one) ($OUT/gpu_tests.log);
 #   ab       whole steps (energy_probe.py) of AB_WORKLOADS, libraries AB_LIBS (default "E A") in turn, AB_ROUNDS
 #            rounds (default 2) ($OUT/energy_ab.log);
 #   profile  benchmarks/profile_fast.py of PROFILE_SHAPES under A, then E, PROFILE_ROUNDS rounds (default 1)
@@ -33,8 +33,8 @@ for step in "$@"; do
           python benchmarks/variant_bits.py --compare /tmp/bits_A_vrule.pt /tmp/bits_E_v{rule,0,3}.pt 2>&1 \
             | tee "$OUT/bits.log" | tail -6;;
     gpu) echo "== gpu ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
-         MOK_FAST_LIB=$(lib E) timeout "$(cap 300)" python -m pytest tests/gpu -q -p no:cacheprovider 2>&1 \
-           | tee "$OUT/gpu_tests.log" | tail -4;;
+         MOK_FAST_LIB=$(lib E) timeout "$(cap 300)" python -m pytest ${GPU_TESTS:-tests/gpu} -q \
+           -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -4;;
     ab) echo "== ab ($(left) s left)"
         for r in $(seq 1 "${AB_ROUNDS:-2}"); do for l in ${AB_LIBS:-E A}; do ab_round "$r" "$l"; done; done;;
     profile) echo "== profile ($(left) s left)"
