@@ -10,16 +10,22 @@
 #   ab       whole steps (energy_probe.py) of AB_WORKLOADS, libraries AB_LIBS (default "E A") in turn, AB_ROUNDS
 #            rounds (default 2) ($OUT/energy_ab.log);
 #   profile  benchmarks/profile_fast.py of PROFILE_SHAPES under A, then E, PROFILE_ROUNDS rounds (default 1)
-#            ($OUT/profiles.log; the launches of each shape, one step).
-# Printing step for the CPU checks (tests/test_device_scripts.py): ab-workloads.
+#            ($OUT/profiles.log; the launches of each shape, one step);
+#   pp       whole steps of PP_WORKLOADS under PP_LIB (default A), PP_ROUNDS rounds (default 2) ($OUT/energy_pp.log):
+#            the layers whose fused gate/up launch the rule runs in the cooperative tile on an H100 (I > 1536 and
+#            H >= 4096), each as the rule runs it and with that kind (the eighth entry) forced to the ping-pong
+#            tile, now staged: run 34 chose the cooperative tile against the ping-pong one's register stores.
+# Printing steps for the CPU checks (tests/test_device_scripts.py): ab-workloads, pp-workloads.
 # Usage (repo root, the libraries carried; E built here: git apply the diff, MOK_FAST_JOBS=2 python -m
 # mok.fast._build OUT.so, git apply -R it):
 #   MOK_FAST_LIB_A=$PWD/.build/b48m/libmok_fast.so MOK_FAST_LIB_E=$PWD/.build/b48e/libmok_fast.so \
-#     BUDGET_S=540 bash benchmarks/main_check_run48.sh bits gpu ab profile
+#     BUDGET_S=560 bash benchmarks/main_check_run48.sh bits gpu ab profile pp
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 AB_WORKLOADS="mok:qwen3-30b-a3b mok:olmoe-1b-7b mok:mid-64e@S0 mok:dsv3-ep8-slice@S0 mok:mixtral-8x7b"
 PROFILE_SHAPES=${PROFILE_SHAPES:-"qwen3-30b-a3b olmoe-1b-7b mid-64e"}
+source "$(dirname "$0")/workload_pairs.sh"
+PP_WORKLOADS=$(pairs "+MOK_FAST_GEMM_VARIANT=,,,,,,,3," dsv3-ep8-slice@S0 mixtral-8x7b phi-3.5-moe)
 source "$(dirname "$0")/device_budget.sh"
 for step in "$@"; do
   case $step in
@@ -44,8 +50,11 @@ for step in "$@"; do
                  | grep -v -i warn >> "$OUT/profiles.log"
              done; done; done
              grep -E "^####|GEMM pingpong SwiGLU" "$OUT/profiles.log";;
+    pp) echo "== pp ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
+        MOK_FAST_LIB=$(lib "${PP_LIB:-A}") energy energy_pp.log 12 200 $PP_WORKLOADS --rounds "${PP_ROUNDS:-2}";;
     ab-workloads) echo $AB_WORKLOADS;;
+    pp-workloads) echo $PP_WORKLOADS;;
     *) echo "unknown step $step"; exit 2;;
   esac
-  case $step in ab-workloads) ;; *) date -u;; esac
+  case $step in *-workloads) ;; *) date -u;; esac
 done

@@ -428,3 +428,17 @@ def test_main_check_run46_configs_and_workloads(tmp_path):
     parsed = [parse(s, configs) for s in script_step("main_check_run46.sh", "ab-workloads", tmp_path)]
     assert all(k == "mok" and env == {} for k, _, env in parsed), parsed
     assert len({c["name"] for _, c, _ in parsed}) == 5, parsed
+
+
+def test_main_check_run48_pp_workloads_force_the_fused_gate_up_kind_to_ping_pong_where_an_h100_runs_cooperative(
+        tmp_path):
+    """Run 48's pp step: three layers whose fused gate/up launch the rule runs in the cooperative tile on an H100
+    (I > 1536 and H >= 4096), each as the rule runs it and with only that kind (GEMM_TN_SWIGLU_FWD) forced to the
+    ping-pong tile, whose epilogue has stored by TMA since run 48."""
+    from mok.fast import _tiles
+    from mok.fast._lib import GEMM_TN_SWIGLU_FWD
+    shapes = forced_kind_pairs("main_check_run48.sh", "pp-workloads", tmp_path, GEMM_TN_SWIGLU_FWD,
+                               str(_tiles.PINGPONG), n_pairs=3)
+    assert len({c["name"] for c in shapes}) == 3, shapes
+    for c in shapes:
+        assert _tiles.fused_gate_up_variant(c["H"], c["I"], c["S"]) == _tiles.COOPERATIVE, c
