@@ -16,6 +16,7 @@ from bench_scripts import BENCH
     "epi_stages_run44.diff",  # the linear epilogue's bf16 D in 4 store buffers (run 44, not kept): library B
     "dx_tall_wide_run44.diff",  # the d_x kind's variant 5 in 256x192 tiles (run 44, not kept): library C
     "d_a_staged_run48.diff",  # the d_a epilogue's [dg | du] stored by TMA (run 48): main_check_run48.sh's library E
+    "swiglu_fwd_staged_coop_run48.diff",  # the fused gate/up epilogue staged in the cooperative tiles too: library F
 ])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's. Run 48 merged
 #    swiglu_fwd_staged_run47.diff. These apply to 4475e7b's tree and no longer to this one: pq24_run43.diff,
 #    chunked_order_run45.diff, reg_epilogue_run46.diff and swiglu_fwd_wide_run47.diff, not kept, and
