@@ -10,12 +10,9 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
-#include <cstdio>
-
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
-#include "cutlass/cuda_host_adapter.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/detail.hpp"
 #include "epilogue_array_base.cuh"
