@@ -230,6 +230,23 @@ def test_profile_fast_labels_each_gemm_launch_in_order_with_its_tile():
     assert "64x256  [?: 0 TFLOP/s]" in lines[3]  # more GEMM launches than labels: named as unknown
 
 
+@pytest.mark.parametrize("epilogue, says", [
+    ("mok::SwigluBwdLoadedEpilogueArray<long*>", " SwiGLU-bwd epilogue"),  # the d_a launch (ping-pong)
+    ("mok::StagedAdapter<mok::SwigluFwdStagedEpilogueArray<long*> >", " SwiGLU-fwd epilogue, staged"),  # run 48's
+    ("cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<mok::SwigluFwdEpilogueArray<long*> >",
+     " SwiGLU-fwd epilogue"),  # the fused gate/up launch's cooperative tile: register stores
+    ("cutlass::epilogue::fusion::LinearCombination<cutlass::bfloat16_t, float, void, float>", " bf16-out"),  # down
+])
+def test_profile_fast_names_each_epilogue(epilogue, says):
+    """profile_fast.short: a GEMM launch's name says which epilogue it ran (the first match wins, so the staged
+    forward epilogue is not taken for the register one)."""
+    import sys
+    sys.path.insert(0, str(BENCH))
+    from profile_fast import short
+
+    assert short(_gemm_name(128, 192)[:-len("(Params)")] + epilogue + "(Params)").endswith("pingpong" + says)
+
+
 @pytest.mark.parametrize("S", [0, 8])  # without / with a shared expert (its gate and up stacked too for mok_gu)
 def test_bench_moe_charges_each_method_one_copy_of_the_inputs(S):
     """bench_moe's peak GiB: each method counts the bytes of the inputs it reads once. The loop also keeps the

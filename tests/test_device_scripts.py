@@ -360,8 +360,8 @@ def test_main_check_run42_split_workloads_force_the_down_then_the_d_x_kind_alone
     ("main_check_run48.sh", False),  # the d_a epilogue's [dg | du] stored by TMA (E): the d_a launch of every shape
 ])
 def test_ab_workloads_are_five_shapes_with_nothing_forced(tmp_path, script, fused_only):
-    """Runs 43's, 44's, 47's and 48's ab steps compare libraries process by process, so their workloads force nothing: five
-    distinct shapes of configs.json and suite.json, few large experts (Mixtral-8x7B) to many small ones
+    """Runs 43's, 44's, 47's and 48's ab steps compare libraries process by process, so their workloads force nothing:
+    five distinct shapes of configs.json and suite.json, few large experts (Mixtral-8x7B) to many small ones
     (Qwen3-30B-A3B); for run 43 each one whose gate/up and d_a launches take the SwiGLU into their epilogues (8
     splits I and S), where its change is."""
     from mok.fast import _tiles
