@@ -337,11 +337,10 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
   auto args = G::make_args(arr, groups, device);
   if constexpr (G::kStagedFwd) {  // each segment whose groups are row ranges of one [p | q] and one a buffer
     int first = 0;
-    for (int j = 0; j < n_segs && j < kMaxStoreTargets; ++j) {
+    for (int j = 0; j < n_segs && n_segs <= kMaxStoreTargets; ++j) {
       const MokSegment& s = segs[j];
-      const bool one = s.num_groups == 1;
-      if ((one || (s.d.expert_stride == 0 && s.d.row_stride == s.d.ld && s.aux.expert_stride == 0 &&
-                   s.aux.row_stride == s.aux.ld)) && n_segs <= kMaxStoreTargets) {
+      if (s.num_groups == 1 || (s.d.expert_stride == 0 && s.d.row_stride == s.d.ld && s.aux.expert_stride == 0 &&
+                                s.aux.row_stride == s.aux.ld)) {
         SwigluFwdStoreTarget& t = args.epilogue.targets[args.epilogue.n_targets++];
         t.pq = static_cast<float*>(s.d.base) + s.d.offset;
         t.a = static_cast<cutlass::bfloat16_t*>(s.aux.base) + s.aux.offset;
