@@ -15,12 +15,11 @@ from bench_scripts import BENCH
     "d_a_shared_a_run42.diff",  # the d_a kind in 1x2 clusters (run 42, not kept): main_check_run42.sh's tiles, ab
     "epi_stages_run44.diff",  # the linear epilogue's bf16 D in 4 store buffers (run 44, not kept): library B
     "dx_tall_wide_run44.diff",  # the d_x kind's variant 5 in 256x192 tiles (run 44, not kept): library C
-    "d_a_staged_run48.diff",  # the d_a epilogue's [dg | du] stored by TMA (run 48): main_check_run48.sh's library E
     "swiglu_fwd_staged_coop_run48.diff",  # the fused gate/up epilogue staged in the cooperative tiles too: library F
 ])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's. Run 48 merged
-#    swiglu_fwd_staged_run47.diff. These apply to 4475e7b's tree and no longer to this one: pq24_run43.diff,
-#    chunked_order_run45.diff, reg_epilogue_run46.diff and swiglu_fwd_wide_run47.diff, not kept, and
-#    reg_epilogue16_run46.diff, never run: run 46's register stores lost to the linear epilogue's TMA stores)
+#    swiglu_fwd_staged_run47.diff, run 49 d_a_staged_run48.diff. These apply to 4475e7b's tree and no longer to
+#    this one: pq24_run43.diff, chunked_order_run45.diff, reg_epilogue_run46.diff and swiglu_fwd_wide_run47.diff, not
+#    kept, and reg_epilogue16_run46.diff, never run: run 46's register stores lost to the linear epilogue's TMA stores)
 def test_probe_diffs_still_apply_to_this_tree(diff):
     """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
     fits would stop such a build in a device session."""

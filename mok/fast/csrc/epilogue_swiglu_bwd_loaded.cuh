@@ -8,7 +8,10 @@
 // each tile's [p | q] with 16-byte cp.async into a ring of kStages sub-tiles in shared memory (64 rows x 32 columns
 // of p and of q, 16 KiB a sub-tile). Each lane's copies arrive on the sub-tile's full barrier when they land
 // (cp.async.mbarrier.arrive.noinc); the consumer warpgroup waits on it, stores its products and releases the
-// sub-tile. So a tile's first sub-tiles are in shared memory before its mainloop ends. The copies carry an
+// sub-tile. So a tile's first sub-tiles are in shared memory before its mainloop ends. Since run 49 the products go
+// back into the sub-tile once every thread has read it (dg and du in place of its p) and one thread stores them by
+// TMA through the segment's ragged map (ragged_store_map.cuh); that thread releases the sub-tile once the TMA unit has
+// read it, one sub-tile later. Groups no ragged map covers store from registers, as before. The copies carry an
 // evict-first L2 policy (since run 36): [p | q] is read once, and the GEMM's A and B tiles stay in L2 longer. Until
 // run 30 the consumer warpgroup made the copies itself, three sub-tiles ahead, once its accumulators were done (the
 // "staged" epilogue): the d_a step alone took 0.6-10% longer on five shapes (benchmarks/RESULTS.md run 30), and that
@@ -17,21 +20,40 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/cutlass.h"
 #include "cutlass/pipeline/pipeline.hpp"
 #include "epilogue_array_base.cuh"
+#include "ragged_store_map.cuh"
 #include "swiglu_math.cuh"
 
 namespace mok {
+
+// One segment's output, as the host knows it: row 0 of [dg | du] (bf16, row stride ld), N columns each of dg and du,
+// and how many consecutive groups (from group `first`) the segment has.
+struct SwigluBwdStoreTarget {
+  cutlass::bfloat16_t* d = nullptr;
+  int64_t ld = 0;
+  int N = 0, first = 0, groups = 0;
+};
 
 template <class StrideCD_>  // pointer to the per-group row-major stride (ld, _1, _0)
 class SwigluBwdLoadedEpilogueArray : public EpilogueArrayBase<StrideCD_, float, cutlass::bfloat16_t, const float> {
   using Base = EpilogueArrayBase<StrideCD_, float, cutlass::bfloat16_t, const float>;
 
  public:
-  using Params = typename Base::Params;
+  struct Arguments : Base::Arguments {
+    SwigluBwdStoreTarget targets[kMaxStoreTargets];  // set by run_grouped for segments that are rows of one buffer
+    int n_targets = 0;
+  };
+  struct Params : Base::Arguments {
+    cute::TmaDescriptor map_g[kMaxStoreTargets], map_u[kMaxStoreTargets];  // ragged maps of dg and of du
+    SwigluBwdStoreTarget targets[kMaxStoreTargets];
+    int staged[kMaxStoreTargets];  // 1: the target's maps are built (else its tiles store from registers)
+    int n_targets;
+  };
   static constexpr int kSubM = 64, kSubN = 32;  // one sub-tile: 64 rows x 32 columns of p and of q (16 KiB)
   static constexpr int kStages = 4;             // sub-tiles in shared memory
   static constexpr int kProducerThreads = 32;   // the epilogue load warp (the kernel's producer_arv_count)
@@ -45,10 +67,13 @@ class SwigluBwdLoadedEpilogueArray : public EpilogueArrayBase<StrideCD_, float, 
   static constexpr bool RequiresTransactionBytes = false;
   using StorePipeline = cutlass::PipelineTmaStore<0>;
   using StorePipelineState = cutlass::PipelineState<0>;
+  // A used sub-tile's p (8 KiB) then holds the boxes of dg and du it gives (4 KiB each, 64-byte TMA swizzle, whose
+  // pattern repeats every 512 bytes: hence the alignment).
   struct SharedStorage {
-    alignas(128) float p[kStages][kSubM * kSubN];
-    alignas(128) float q[kStages][kSubM * kSubN];
+    alignas(1024) float p[kStages][kSubM * kSubN];
+    alignas(1024) float q[kStages][kSubM * kSubN];
   };
+  static constexpr int kBoxBytes = kSubM * kSubN * 2;  // one bf16 box of dg or du
   using TensorStorage = SharedStorage;
   struct TensorMapStorage {};
   using PipelineStorage = typename LoadPipeline::SharedStorage;
@@ -63,6 +88,23 @@ class SwigluBwdLoadedEpilogueArray : public EpilogueArrayBase<StrideCD_, float, 
     return 1;
   }
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const&) {}
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    Params p{};
+    static_cast<typename Base::Arguments&>(p) = args;
+    p.n_targets = args.n_targets;
+    for (int t = 0; t < kMaxStoreTargets; ++t) {
+      p.targets[t] = args.targets[t];
+      const SwigluBwdStoreTarget& g = args.targets[t];
+      p.staged[t] = t < args.n_targets &&
+                    encode_ragged_store_map(p.map_g[t], g.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.ld, g.N, kSubM,
+                                            kSubN, CU_TENSOR_MAP_SWIZZLE_64B) &&
+                    encode_ragged_store_map(p.map_u[t], g.d + g.N, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.ld, g.N,
+                                            kSubM, kSubN, CU_TENSOR_MAP_SWIZZLE_64B);
+    }
+    return p;
+  }
 
   CUTLASS_HOST_DEVICE explicit SwigluBwdLoadedEpilogueArray(Params const& params_) : params(params_) {}
   CUTLASS_HOST_DEVICE SwigluBwdLoadedEpilogueArray(Params const& params_, TensorStorage&) : params(params_) {}
@@ -163,36 +205,87 @@ class SwigluBwdLoadedEpilogueArray : public EpilogueArrayBase<StrideCD_, float, 
     const int lane = thread_idx % 32, rd_row = (thread_idx / 32) * 16 + lane / 4, rd_col = 2 * (lane % 4);
     __nv_bfloat16* __restrict__ out0 = reinterpret_cast<__nv_bfloat16*>(params.ptr_D[l_coord]) +
                                        (m0 + rd_row) * ldd + (n0 + rd_col);
+    // Staged: the group is rows [row_s, row_s + M) of a target with ragged maps; else stores from registers.
+    const int t = ragged_target_of(params.targets, params.n_targets, l_coord);
+    int64_t row_s = -1;
+    if (t >= 0 && params.staged[t] && ldd == params.targets[t].ld && N == params.targets[t].N)
+      row_s = ragged_first_row(params.ptr_D[l_coord], params.targets[t].d, ldd, M);
+    const uint32_t bar = cutlass::canonical_warp_group_idx();  // a named barrier of this warpgroup's own
+    const bool issuer = thread_idx == 0;
+    LoadPipelineState held = state;  // the issuer's sub-tile whose boxes the TMA unit may still be reading
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < kSubtiles; ++s) {
       load_pipeline.consumer_wait(state);
       const int st = state.index(), mb = s / kQ, q = s % kQ;
       // The math runs on every pair (rows past M and columns past N hold zeros and are not stored), so only the
       // stores are predicated and the compiler can overlap the pairs' chains.
+      __nv_bfloat162 dg[2][kSubN / 8], du[2][kSubN / 8];
       CUTLASS_PRAGMA_UNROLL
       for (int half = 0; half < 2; ++half) {
-        const int rl = rd_row + 8 * half;  // row in the sub-tile
-        const bool row_in = m0 + mb * kSubM + rl < M;
         CUTLASS_PRAGMA_UNROLL
         for (int b = 0; b < kSubN / 8; ++b) {
-          const int cl = 8 * b + rd_col;  // column in the sub-tile
           auto i0 = make_coord(make_coord(0, half, q * (kSubN / 8) + b), mb, 0);
           auto i1 = make_coord(make_coord(1, half, q * (kSubN / 8) + b), mb, 0);
-          const int at = smem_at(rl, cl);
+          const int at = smem_at(rd_row + 8 * half, 8 * b + rd_col);
           const float2 pv = *reinterpret_cast<const float2*>(&ss.p[st][at]);
           const float2 qv = *reinterpret_cast<const float2*>(&ss.q[st][at]);
-          __nv_bfloat162 dg, du;
-          swiglu_bwd_one(accumulators(i0), pv.x, qv.x, dg.x, du.x);
-          swiglu_bwd_one(accumulators(i1), pv.y, qv.y, dg.y, du.y);
-          if (row_in && n0 + q * kSubN + cl < N) {  // N is a multiple of 8: the pair is in or out together
-            __nv_bfloat16* out = out0 + (mb * kSubM + 8 * half) * ldd + (q * kSubN + 8 * b);
-            *reinterpret_cast<__nv_bfloat162*>(out) = dg;
-            *reinterpret_cast<__nv_bfloat162*>(out + N) = du;
-          }
+          swiglu_bwd_one(accumulators(i0), pv.x, qv.x, dg[half][b].x, du[half][b].x);
+          swiglu_bwd_one(accumulators(i1), pv.y, qv.y, dg[half][b].y, du[half][b].y);
         }
       }
-      load_pipeline.consumer_release(state);
+      if (row_s < 0) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          const bool row_in = m0 + mb * kSubM + rd_row + 8 * half < M;
+          CUTLASS_PRAGMA_UNROLL
+          for (int b = 0; b < kSubN / 8; ++b) {
+            if (row_in && n0 + q * kSubN + 8 * b + rd_col < N) {  // N is a multiple of 8: the pair is in or out
+              __nv_bfloat16* out = out0 + (mb * kSubM + 8 * half) * ldd + (q * kSubN + 8 * b);
+              *reinterpret_cast<__nv_bfloat162*>(out) = dg[half][b];
+              *reinterpret_cast<__nv_bfloat162*>(out + N) = du[half][b];
+            }
+          }
+        }
+        load_pipeline.consumer_release(state);
+      } else {
+        // Once every thread has read the sub-tile's p and q, its p holds the dg and du boxes.
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, bar);
+        char* box = reinterpret_cast<char*>(ss.p[st]);
+        CUTLASS_PRAGMA_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int b = 0; b < kSubN / 8; ++b) {
+            // 64-byte rows, 64-byte swizzle: 16-byte chunk bits [4, 5] ^= bits [7, 8] of the offset
+            const int o = (rd_row + 8 * half) * (kSubN * 2) + (8 * b + rd_col) * 2;
+            const int sw = o ^ (((o >> 7) & 3) << 4);
+            *reinterpret_cast<__nv_bfloat162*>(box + sw) = dg[half][b];
+            *reinterpret_cast<__nv_bfloat162*>(box + kBoxBytes + sw) = du[half][b];
+          }
+        }
+        cutlass::arch::fence_view_async_shared();  // the writes, seen by the TMA unit
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, bar);
+        if (issuer) {
+          const int r0 = m0 + mb * kSubM;  // the box's first row in the group
+          if (r0 < M) {
+            SM90_TMA_STORE_3D::copy(&params.map_g[t], box, n0 + q * kSubN, ragged_y(M, r0), ragged_z(row_s, M));
+            SM90_TMA_STORE_3D::copy(&params.map_u[t], box + kBoxBytes, n0 + q * kSubN, ragged_y(M, r0),
+                                    ragged_z(row_s, M));
+          }
+          cute::tma_store_arrive();
+          // The sub-tile before has been read by the TMA unit: the load warp may refill it. (The issuer's arrival
+          // is one of the kConsumerThreads each release waits for.)
+          cute::tma_store_wait<1>();
+          if (s > 0) load_pipeline.consumer_release(held);
+          held = state;
+        } else {
+          load_pipeline.consumer_release(state);
+        }
+      }
       ++state;
+    }
+    if (row_s >= 0 && issuer) {
+      cute::tma_store_wait<0>();
+      load_pipeline.consumer_release(held);
     }
     return cute::make_tuple(state, store_state);
   }
@@ -211,7 +304,7 @@ class SwigluBwdLoadedEpilogueArray : public EpilogueArrayBase<StrideCD_, float, 
   CUTLASS_DEVICE void tensormaps_fence_acquire(cute::TmaDescriptor const*) {}
 
  private:
-  Params params;
+  Params const& params;  // the kernel's: TMA reads the store maps from parameter space
 };
 
 }  // namespace mok

@@ -97,6 +97,7 @@ struct GroupedGemm {
   // mainloop); in the cooperative ones each thread loads it into registers.
   static constexpr bool kPingpongSchedule =
       cute::is_same_v<KernelSchedule_, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
+  static constexpr bool kStagedBwd = kSwigluBwd && kPingpongSchedule;  // the loaded epilogue's TMA stores
   using SwigluEpilogue = cute::conditional_t<
       kPingpongSchedule, SwigluBwdLoadedEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>,
       cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
@@ -194,7 +195,7 @@ struct GroupedGemm {
 
   // The SwiGLU epilogues' arguments (C: operand aux), or the linear epilogue's D = the accumulator (no C).
   static typename GemmKernel::EpilogueArguments epilogue_args(Arrays arr) {
-    if constexpr (kStagedFwd) {
+    if constexpr (kStagedFwd || kStagedBwd) {
       typename GemmKernel::EpilogueArguments args{};
       args.ptr_C = arr.c;
       args.dC = arr.sc;
@@ -347,6 +348,21 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
         t.ld_pq = s.d.ld;
         t.ld_a = s.aux.ld;
         t.I = s.n / 2;
+        t.first = first;
+        t.groups = s.num_groups;
+      }
+      first += s.num_groups;
+    }
+  }
+  if constexpr (G::kStagedBwd) {  // each segment whose groups are row ranges of one [dg | du] buffer
+    int first = 0;
+    for (int j = 0; j < n_segs && n_segs <= kMaxStoreTargets; ++j) {
+      const MokSegment& s = segs[j];
+      if (s.num_groups == 1 || (s.d.expert_stride == 0 && s.d.row_stride == s.d.ld)) {
+        SwigluBwdStoreTarget& t = args.epilogue.targets[args.epilogue.n_targets++];
+        t.d = static_cast<cutlass::bfloat16_t*>(s.d.base) + s.d.offset;
+        t.ld = s.d.ld;
+        t.N = s.n;
         t.first = first;
         t.groups = s.num_groups;
       }
