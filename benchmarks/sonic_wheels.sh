@@ -27,5 +27,6 @@ for p in "${pkgs[@]}"; do
 done
 mkdir -p "$work/site" .sonic
 for w in "$work"/whl/*.whl; do unzip -q -o "$w" -d "$work/site"; done
+rm -rf "$work/site/tvm_ffi/3rdparty/libbacktrace"  # its C sources (built into libtvm_ffi.so): 0.45 MB of the carry
 tar -C "$work/site" -cf - . | xz -9 -T4 > .sonic/site.tar.xz
 ls -l .sonic/site.tar.xz
