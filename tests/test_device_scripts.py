@@ -358,10 +358,11 @@ def test_main_check_run42_split_workloads_force_the_down_then_the_d_x_kind_alone
     ("main_check_run44.sh", False),  # the linear epilogue's store buffers: the down and d_x kinds of every shape
     ("main_check_run47.sh", False),  # the linear (B) and fused gate/up (C: 16-byte runs, D: staged, TMA) stores
     ("main_check_run48.sh", False),  # the d_a epilogue's [dg | du] stored by TMA (E): the d_a launch of every shape
+    ("main_check_run49.sh", False),  # the down and d_x kinds' D staged and stored through ragged maps: every shape
 ])
 def test_ab_workloads_are_five_shapes_with_nothing_forced(tmp_path, script, fused_only):
-    """Runs 43's, 44's, 47's and 48's ab steps compare libraries process by process, so their workloads force nothing:
-    five distinct shapes of configs.json and suite.json, few large experts (Mixtral-8x7B) to many small ones
+    """Runs 43's, 44's, 47's, 48's and 49's ab steps compare libraries process by process, so their workloads force
+    nothing: five distinct shapes of configs.json and suite.json, few large experts (Mixtral-8x7B) to many small ones
     (Qwen3-30B-A3B); for run 43 each one whose gate/up and d_a launches take the SwiGLU into their epilogues (8
     splits I and S), where its change is."""
     from mok.fast import _tiles
@@ -417,6 +418,27 @@ def test_device_budget_gives_each_step_the_smaller_of_its_limit_and_what_is_left
     small, left, less = (int(v) for v in r.stdout.split()[:3])
     assert small == 50 and 99 <= left <= 100 and less == left - 5, r.stdout
     assert 'energy_probe.py "$@"' in r.stdout, r.stdout
+
+
+def test_main_check_run49_group_change_configs_are_five_known_shapes(tmp_path):
+    """Run 49's groups step (A against the staged linear epilogue): the group-change benchmark's configs are five
+    known shapes."""
+    _, configs = energy_probe()
+    names = script_step("main_check_run49.sh", "groups-configs", tmp_path)[0].split(",")
+    assert len(names) == 5 and set(names) <= set(configs), names
+
+
+def test_main_check_run49_tall_workloads_pair_shapes_the_rule_runs_tall_with_down_and_d_x_in_ping_pong(tmp_path):
+    """Run 49's tall step: four distinct shapes whose down (TN_BF16) and d_x (NN_BF16) GEMMs the rule runs in variant 5,
+    each by the rule, then with only those two kinds forced to variant 3 (ping-pong 128x192)."""
+    from mok.fast import _tiles
+    from mok.fast._lib import GEMM_NN_BF16, GEMM_TN_BF16
+    shapes = forced_kind_pairs("main_check_run49.sh", "tall-workloads", tmp_path, kind=(GEMM_TN_BF16, GEMM_NN_BF16),
+                               variant=str(_tiles.PINGPONG), n_pairs=4)
+    assert len({c["name"] for c in shapes}) == 4, shapes
+    for c in shapes:
+        for kind in (GEMM_TN_BF16, GEMM_NN_BF16):
+            assert _tiles.variant(kind, c["H"], c["I"]) == _tiles.COOPERATIVE_TALL_1X2, c
 
 
 def test_main_check_run46_configs_and_workloads(tmp_path):
