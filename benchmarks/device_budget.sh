@@ -18,3 +18,9 @@ ab_round() { echo "-- round $1, library $2" | tee -a "$OUT/energy_ab.log"
              MOK_FAST_LIB=$(lib "$2") energy energy_ab.log 8 90 $AB_WORKLOADS --rounds 1; }
 # ab_rounds N: N rounds of ab_round, library A then B in each
 ab_rounds() { local r l; for r in $(seq 1 "$1"); do for l in A B; do ab_round "$r" "$l"; done; done; }
+# group_changes LIB...: benchmarks/bench_group_changes.py on $GROUP_CONFIGS in variants 0, 3 and 5, under each library
+# in turn ($OUT/groups_<LIB>.log)
+group_changes() { local l; for l in "$@"; do echo "-- library $l"
+                    MOK_FAST_LIB=$(lib "$l") timeout "$(cap 120)" python benchmarks/bench_group_changes.py \
+                      --configs "$GROUP_CONFIGS" --variants 0,3,5 --rounds 2 2>&1 | tee "$OUT/groups_$l.log" | tail -16
+                  done; }

@@ -31,11 +31,7 @@ for step in "$@"; do
           done; done
           python benchmarks/variant_bits.py --compare /tmp/bits_A_vrule.pt /tmp/bits_A_v{0,3,5}.pt \
             /tmp/bits_B_v{rule,0,3,5}.pt 2>&1 | tee "$OUT/bits.log" | tail -12;;
-    groups) echo "== groups ($(left) s left)"
-            for l in A B; do echo "-- library $l"
-              MOK_FAST_LIB=$(lib $l) timeout "$(cap 120)" python benchmarks/bench_group_changes.py \
-                --configs "$GROUP_CONFIGS" --variants 0,3,5 --rounds 2 2>&1 | tee "$OUT/groups_$l.log" | tail -16
-            done;;
+    groups) echo "== groups ($(left) s left)"; group_changes A B;;
     profile) echo "== profile ($(left) s left)"
              for l in A B; do for c in $PROFILE_CONFIGS; do
                MOK_FAST_LIB=$(lib $l) timeout "$(cap 60)" python benchmarks/profile_fast.py $c 2>&1 | grep -v -i warn

@@ -47,11 +47,7 @@ for step in "$@"; do
     gpu) echo "== gpu ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
          MOK_FAST_LIB=$(lib B) timeout "$(cap 300)" python -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider \
            2>&1 | tee "$OUT/gpu_tests.log" | tail -4;;
-    groups) echo "== groups ($(left) s left)"
-            for l in A B; do echo "-- library $l"
-              MOK_FAST_LIB=$(lib $l) timeout "$(cap 120)" python benchmarks/bench_group_changes.py \
-                --configs "$GROUP_CONFIGS" --variants 0,3,5 --rounds 2 2>&1 | tee "$OUT/groups_$l.log" | tail -16
-            done;;
+    groups) echo "== groups ($(left) s left)"; group_changes A B;;
     profile) echo "== profile ($(left) s left)"
              for l in A B; do for c in $PROFILE_CONFIGS; do
                echo "#### library $l, $c" >> "$OUT/profiles.log"

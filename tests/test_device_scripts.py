@@ -408,16 +408,18 @@ def test_main_check_run45_configs_and_workloads(tmp_path):
 
 def test_device_budget_gives_each_step_the_smaller_of_its_limit_and_what_is_left():
     """benchmarks/device_budget.sh (sourced by main_check_run41.sh and later): cap LIMIT [MARGIN] is LIMIT while the
-    call's BUDGET_S has more left, else what is left less MARGIN; energy passes its arguments to energy_probe.py."""
+    call's BUDGET_S has more left, else what is left less MARGIN; energy passes its arguments to energy_probe.py, and
+    group_changes runs the group-change benchmark under each library named."""
     import os
     import subprocess
 
-    script = f'source {BENCH / "device_budget.sh"}; cap 50; cap 600; cap 600 5; type energy'
+    script = f'source {BENCH / "device_budget.sh"}; cap 50; cap 600; cap 600 5; type energy; type group_changes'
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**os.environ, "BUDGET_S": "100"})
     assert r.returncode == 0, r.stderr
     small, left, less = (int(v) for v in r.stdout.split()[:3])
     assert small == 50 and 99 <= left <= 100 and less == left - 5, r.stdout
     assert 'energy_probe.py "$@"' in r.stdout, r.stdout
+    assert 'MOK_FAST_LIB=$(lib "$l")' in r.stdout and "bench_group_changes.py" in r.stdout, r.stdout
 
 
 def test_main_check_run49_group_change_configs_are_five_known_shapes(tmp_path):
