@@ -20,8 +20,10 @@
 #            128x192, the rule's before). For an H200: its run 49 profile had Qwen3-30B-A3B's down and d_x launches at
 #            0.725 and 1.323 ms, against 0.62 and 1.19 in ping-pong in run 38's.
 # Printing steps for the CPU checks (tests/test_device_scripts.py): groups-configs, ab-workloads, tall-workloads.
-# Usage (repo root, both libraries carried; B built here: git apply the diff, compile gemm_tn_bf16.cu and
-# gemm_nn_bf16.cu, the two units that instantiate those kinds, relink with main's other objects, git apply -R it):
+# The diff also gives the three staged epilogues one host function for their parameters (ragged_store_params in
+# ragged_store_map.cuh), so the fused gate/up and d_a kinds' units change too.
+# Usage (repo root, both libraries carried; B built here: git apply the diff, compile gemm_tn_bf16.cu, gemm_nn_bf16.cu,
+# gemm_tn_swiglu_fwd.cu and gemm_nn_swiglu_bwd.cu, relink with main's other objects, git apply -R it):
 #   MOK_FAST_LIB_A=$PWD/.build/b49m/libmok_fast.so MOK_FAST_LIB_B=$PWD/.build/b49l/libmok_fast.so BUDGET_S=560 \
 #     bash benchmarks/main_check_run49.sh bits gpu groups ab profile
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
