@@ -25,7 +25,7 @@
 # Usage (repo root, both libraries carried; B built here: git apply the diff, compile gemm_tn_bf16.cu, gemm_nn_bf16.cu,
 # gemm_tn_swiglu_fwd.cu and gemm_nn_swiglu_bwd.cu, relink with main's other objects, git apply -R it):
 #   MOK_FAST_LIB_A=$PWD/.build/b49m/libmok_fast.so MOK_FAST_LIB_B=$PWD/.build/b49l/libmok_fast.so BUDGET_S=560 \
-#     bash benchmarks/main_check_run49.sh bits gpu groups ab profile
+#     bash benchmarks/main_check_run49.sh bits groups ab   (then: gpu tall profile)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 GROUP_CONFIGS=qwen3-30b-a3b,olmoe-1b-7b,mid-64e,dsv3-ep8-slice,mixtral-8x7b
