@@ -180,6 +180,12 @@ def _worker(rank: int, world_size: int, tmp: str, fn, args: tuple, device: str, 
         if world_size > 1:
             dist.init_process_group(backend, init_method=f"file://{os.path.join(tmp, 'init')}", rank=rank,
                                     world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+            if backend == "gloo":
+                # gloo's init returns on a rank once its own side of every pair is connected; a rank that then ran
+                # a quick fn and closed its sockets made a peer still finishing the handshake fail with "Gloo
+                # connectFullMesh failed ... Connection closed by peer" (about 1 launch in 200 of two ranks). So no
+                # rank leaves before every rank has joined.
+                dist.barrier()
             group = dist.group.WORLD
         # the result checked before the group goes: a bad one is reported before the peers see this rank leave
         data = _result_bytes(fn(rank, world_size, group, *args))
