@@ -91,19 +91,13 @@ class SwigluBwdLoadedEpilogueArray : public EpilogueArrayBase<StrideCD_, float, 
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    Params p{};
-    static_cast<typename Base::Arguments&>(p) = args;
-    p.n_targets = args.n_targets;
-    for (int t = 0; t < kMaxStoreTargets; ++t) {
-      p.targets[t] = args.targets[t];
-      const SwigluBwdStoreTarget& g = args.targets[t];
-      p.staged[t] = t < args.n_targets &&
-                    encode_ragged_store_map(p.map_g[t], g.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.ld, g.N, kSubM,
-                                            kSubN, CU_TENSOR_MAP_SWIZZLE_64B) &&
-                    encode_ragged_store_map(p.map_u[t], g.d + g.N, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.ld, g.N,
-                                            kSubM, kSubN, CU_TENSOR_MAP_SWIZZLE_64B);
-    }
-    return p;
+    return ragged_store_params<Params, typename Base::Arguments>(
+        args, [](Params& p, int t, SwigluBwdStoreTarget const& g) {
+          return encode_ragged_store_map(p.map_g[t], g.d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.ld, g.N, kSubM,
+                                         kSubN, CU_TENSOR_MAP_SWIZZLE_64B) &&
+                 encode_ragged_store_map(p.map_u[t], g.d + g.N, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.ld, g.N,
+                                         kSubM, kSubN, CU_TENSOR_MAP_SWIZZLE_64B);
+        });
   }
 
   CUTLASS_HOST_DEVICE explicit SwigluBwdLoadedEpilogueArray(Params const& params_) : params(params_) {}

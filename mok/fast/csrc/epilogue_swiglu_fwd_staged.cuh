@@ -57,22 +57,16 @@ class SwigluFwdStagedEpilogueArray : public EpilogueArrayBase<StrideCD_, cutlass
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    Params p{};
-    static_cast<typename Base::Arguments&>(p) = args;
-    p.n_targets = args.n_targets;
-    for (int t = 0; t < kMaxStoreTargets; ++t) {
-      p.targets[t] = args.targets[t];
-      const SwigluFwdStoreTarget& g = args.targets[t];
-      // (a null or misaligned row 0, q's included, fails the encoding: those tiles store from registers)
-      p.staged[t] = t < args.n_targets &&
-                    encode_ragged_store_map(p.map_p[t], g.pq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, g.ld_pq, g.I,
-                                            kStagedRows, kStagedCols, CU_TENSOR_MAP_SWIZZLE_64B) &&
-                    encode_ragged_store_map(p.map_q[t], g.pq + g.I, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, g.ld_pq,
-                                            g.I, kStagedRows, kStagedCols, CU_TENSOR_MAP_SWIZZLE_64B) &&
-                    encode_ragged_store_map(p.map_a[t], g.a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.ld_a, g.I,
-                                            kStagedRows, kStagedCols, CU_TENSOR_MAP_SWIZZLE_32B);
-    }
-    return p;
+    // (a null or misaligned row 0, q's included, fails the encoding: those tiles store from registers)
+    return ragged_store_params<Params, typename Base::Arguments>(
+        args, [](Params& p, int t, SwigluFwdStoreTarget const& g) {
+          return encode_ragged_store_map(p.map_p[t], g.pq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, g.ld_pq, g.I,
+                                         kStagedRows, kStagedCols, CU_TENSOR_MAP_SWIZZLE_64B) &&
+                 encode_ragged_store_map(p.map_q[t], g.pq + g.I, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, g.ld_pq, g.I,
+                                         kStagedRows, kStagedCols, CU_TENSOR_MAP_SWIZZLE_64B) &&
+                 encode_ragged_store_map(p.map_a[t], g.a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, g.ld_a, g.I,
+                                         kStagedRows, kStagedCols, CU_TENSOR_MAP_SWIZZLE_32B);
+        });
   }
 
   CUTLASS_HOST_DEVICE explicit SwigluFwdStagedEpilogueArray(Params const& params_) : params(params_) {}

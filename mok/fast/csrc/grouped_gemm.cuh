@@ -195,15 +195,13 @@ struct GroupedGemm {
 
   // The SwiGLU epilogues' arguments (C: operand aux), or the linear epilogue's D = the accumulator (no C).
   static typename GemmKernel::EpilogueArguments epilogue_args(Arrays arr) {
-    if constexpr (kStagedFwd || kStagedBwd) {
+    if constexpr (kHasAux) {
       typename GemmKernel::EpilogueArguments args{};
       args.ptr_C = arr.c;
       args.dC = arr.sc;
       args.ptr_D = arr.d;
       args.dD = arr.sd;
-      return args;  // the store targets: run_grouped sets them from the segments
-    } else if constexpr (kHasAux) {
-      return {arr.c, arr.sc, arr.d, arr.sd};
+      return args;  // the staged epilogues' store targets: run_grouped sets them from the segments
     } else {
       typename GemmKernel::EpilogueArguments args{};
       args.thread.alpha = 1.0f;
@@ -232,6 +230,23 @@ struct GroupedGemm {
     return arrays_bytes(groups) + align16(Gemm::get_workspace_size(args)) + 256;
   }
 };
+
+// A staged epilogue's store targets (epilogue arguments `epi`): one for each segment (at most kMaxStoreTargets in
+// the launch) whose groups are row ranges of one D buffer, and of one aux buffer too when `with_aux`, filled by
+// fill(target, segment) and given the consecutive groups it covers. The other segments' tiles store from registers.
+template <class EpilogueArguments, class Fill>
+inline void set_store_targets(EpilogueArguments& epi, const MokSegment* segs, int n_segs, bool with_aux, Fill fill) {
+  auto rows = [](const MokOperand& o) { return o.expert_stride == 0 && o.row_stride == o.ld; };
+  int first = 0;
+  for (int j = 0; j < n_segs && n_segs <= kMaxStoreTargets; first += segs[j++].num_groups) {
+    const MokSegment& s = segs[j];
+    if (s.num_groups != 1 && !(rows(s.d) && (!with_aux || rows(s.aux)))) continue;
+    auto& t = epi.targets[epi.n_targets++];
+    fill(t, s);
+    t.first = first;
+    t.groups = s.num_groups;
+  }
+}
 
 // The leading dimension goes into whichever of the first two stride modes is dynamic.
 template <class Stride>
@@ -336,38 +351,21 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return set_error("fill_group_args: %s", cudaGetErrorString(err));
   auto args = G::make_args(arr, groups, device);
-  if constexpr (G::kStagedFwd) {  // each segment whose groups are row ranges of one [p | q] and one a buffer
-    int first = 0;
-    for (int j = 0; j < n_segs && n_segs <= kMaxStoreTargets; ++j) {
-      const MokSegment& s = segs[j];
-      if (s.num_groups == 1 || (s.d.expert_stride == 0 && s.d.row_stride == s.d.ld && s.aux.expert_stride == 0 &&
-                                s.aux.row_stride == s.aux.ld)) {
-        SwigluFwdStoreTarget& t = args.epilogue.targets[args.epilogue.n_targets++];
-        t.pq = static_cast<float*>(s.d.base) + s.d.offset;
-        t.a = static_cast<cutlass::bfloat16_t*>(s.aux.base) + s.aux.offset;
-        t.ld_pq = s.d.ld;
-        t.ld_a = s.aux.ld;
-        t.I = s.n / 2;
-        t.first = first;
-        t.groups = s.num_groups;
-      }
-      first += s.num_groups;
-    }
+  if constexpr (G::kStagedFwd) {  // [p | q] (D) and a (aux) row ranges of one buffer each
+    set_store_targets(args.epilogue, segs, n_segs, true, [](SwigluFwdStoreTarget& t, const MokSegment& s) {
+      t.pq = static_cast<float*>(s.d.base) + s.d.offset;
+      t.a = static_cast<cutlass::bfloat16_t*>(s.aux.base) + s.aux.offset;
+      t.ld_pq = s.d.ld;
+      t.ld_a = s.aux.ld;
+      t.I = s.n / 2;
+    });
   }
-  if constexpr (G::kStagedBwd) {  // each segment whose groups are row ranges of one [dg | du] buffer
-    int first = 0;
-    for (int j = 0; j < n_segs && n_segs <= kMaxStoreTargets; ++j) {
-      const MokSegment& s = segs[j];
-      if (s.num_groups == 1 || (s.d.expert_stride == 0 && s.d.row_stride == s.d.ld)) {
-        SwigluBwdStoreTarget& t = args.epilogue.targets[args.epilogue.n_targets++];
-        t.d = static_cast<cutlass::bfloat16_t*>(s.d.base) + s.d.offset;
-        t.ld = s.d.ld;
-        t.N = s.n;
-        t.first = first;
-        t.groups = s.num_groups;
-      }
-      first += s.num_groups;
-    }
+  if constexpr (G::kStagedBwd) {  // [dg | du] (D) row ranges of one buffer
+    set_store_targets(args.epilogue, segs, n_segs, false, [](SwigluBwdStoreTarget& t, const MokSegment& s) {
+      t.d = static_cast<cutlass::bfloat16_t*>(s.d.base) + s.d.offset;
+      t.ld = s.d.ld;
+      t.N = s.n;
+    });
   }
   if (!tile_order(args.scheduler))
     return set_error("MOK_FAST_GEMM_RASTER / MOK_FAST_GEMM_SWIZZLE: expected M or N / 1, 2, 4 or 8");

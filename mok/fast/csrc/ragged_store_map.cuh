@@ -51,6 +51,21 @@ inline bool encode_ragged_store_map(cute::TmaDescriptor& map, void* row0, CUtens
   return r == CUDA_SUCCESS;
 }
 
+// A staged epilogue's kernel parameters from its arguments: the base arguments (BaseArguments) and the targets copied,
+// and staged[t] = encode(p, t, target t) for each of the n_targets (true: target t's maps are built; else its tiles
+// store from registers).
+template <class Params, class BaseArguments, class Arguments, class Encode>
+inline Params ragged_store_params(Arguments const& args, Encode encode) {
+  Params p{};
+  static_cast<BaseArguments&>(p) = args;
+  p.n_targets = args.n_targets;
+  for (int t = 0; t < kMaxStoreTargets; ++t) {
+    p.targets[t] = args.targets[t];
+    p.staged[t] = t < args.n_targets && encode(p, t, args.targets[t]);
+  }
+  return p;
+}
+
 // Which of the n targets (each with fields first and groups: consecutive groups from group `first`) holds group l;
 // -1 if none.
 template <class Target>
