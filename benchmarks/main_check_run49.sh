@@ -5,26 +5,27 @@
 # 46 put that at about 5% of Qwen3-30B-A3B's down launch). Steps, each logged under $OUT, each given what is left of
 # BUDGET_S (seconds, default 560):
 #   bits     benchmarks/variant_bits.py under A by the rule, and under B by the rule and in variants 0, 3 and 5 (every
-#            tile the two kinds run), compared bit for bit with A ($OUT/bits.log);
+#            tile the two kinds run), and under M (MOK_FAST_LIB_M, when set) by the rule, compared bit for bit with A
+#            ($OUT/bits.log). M: the library main was measured with in run 49 (.build/b49m), before the review mend
+#            that A (.build/b49r) adds: the staged epilogues' host code written once;
 #   gpu      with B: the GPU tests GPU_TESTS (default tests/gpu, every one) ($OUT/gpu_tests.log);
 #   groups   benchmarks/bench_group_changes.py (the down launch over E routed / E even / E/8 even / 1 group) on
 #            GROUP_CONFIGS, variants 0, 3 and 5, under A then B ($OUT/groups_A.log, $OUT/groups_B.log): B's "E even"
 #            should come near its "E/8 even" where A's did not;
 #   profile  benchmarks/profile_fast.py of PROFILE_CONFIGS under A then B ($OUT/profiles.log; the bf16-out launches
 #            shown);
-#   ab       whole steps (energy_probe.py) of AB_WORKLOADS, library B then A in each of AB_ROUNDS rounds (default 2)
-#            ($OUT/energy_ab.log);
+#   ab       whole steps (energy_probe.py) of AB_WORKLOADS under each of AB_LIBS (default "B A"; "B A M" also times
+#            the mend against M) in each of AB_ROUNDS rounds (default 2) ($OUT/energy_ab.log);
 #   tall     under library A, whole steps of TALL_WORKLOADS in TALL_ROUNDS rounds (default 2; $OUT/energy_tall.log):
 #            four shapes whose down and d_x GEMMs the rule runs in variant 5 (cooperative 256x128 in 1x2 clusters,
 #            chosen on an H100 in run 41), each by the rule and with those two kinds forced to variant 3 (ping-pong
 #            128x192, the rule's before). For an H200: its run 49 profile had Qwen3-30B-A3B's down and d_x launches at
 #            0.725 and 1.323 ms, against 0.62 and 1.19 in ping-pong in run 38's.
 # Printing steps for the CPU checks (tests/test_device_scripts.py): groups-configs, ab-workloads, tall-workloads.
-# The diff also gives the three staged epilogues one host function for their parameters (ragged_store_params in
-# ragged_store_map.cuh), so the fused gate/up and d_a kinds' units change too.
-# Usage (repo root, both libraries carried; B built here: git apply the diff, compile gemm_tn_bf16.cu, gemm_nn_bf16.cu,
-# gemm_tn_swiglu_fwd.cu and gemm_nn_swiglu_bwd.cu, relink with main's other objects, git apply -R it):
-#   MOK_FAST_LIB_A=$PWD/.build/b49m/libmok_fast.so MOK_FAST_LIB_B=$PWD/.build/b49l/libmok_fast.so BUDGET_S=560 \
+# Usage (repo root, the libraries carried; B built here: git apply the diff, compile gemm_tn_bf16.cu and
+# gemm_nn_bf16.cu (the units that instantiate the two kinds), relink with main's other objects, git apply -R it):
+#   MOK_FAST_LIB_A=$PWD/.build/b49r/libmok_fast.so MOK_FAST_LIB_B=$PWD/.build/b49l/libmok_fast.so \
+#     MOK_FAST_LIB_M=$PWD/.build/b49m/libmok_fast.so AB_LIBS="B A M" BUDGET_S=560 \
 #     bash benchmarks/main_check_run49.sh bits groups ab   (then: gpu tall profile)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -40,12 +41,13 @@ for step in "$@"; do
     bits) echo "== bits ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
           MOK_FAST_LIB=$(lib A) timeout "$(cap 60)" python benchmarks/variant_bits.py --save /tmp/bits_A_vrule.pt \
             2>&1 | grep -v -i warn
-          for v in "" 0 3 5; do
-            MOK_FAST_LIB=$(lib B) MOK_FAST_GEMM_VARIANT=$v timeout "$(cap 60)" python benchmarks/variant_bits.py \
-              --save "/tmp/bits_B_v${v:-rule}.pt" 2>&1 | grep -v -i warn
+          runs=(B: B:0 B:3 B:5); [ -n "${MOK_FAST_LIB_M:-}" ] && runs+=(M:)
+          for r in "${runs[@]}"; do l=${r%%:*} v=${r#*:}
+            MOK_FAST_LIB=$(lib "$l") MOK_FAST_GEMM_VARIANT=$v timeout "$(cap 60)" python benchmarks/variant_bits.py \
+              --save "/tmp/bits_${l}_v${v:-rule}.pt" 2>&1 | grep -v -i warn
           done
-          python benchmarks/variant_bits.py --compare /tmp/bits_A_vrule.pt /tmp/bits_B_v{rule,0,3,5}.pt 2>&1 \
-            | tee "$OUT/bits.log" | tail -8;;
+          python benchmarks/variant_bits.py --compare /tmp/bits_A_vrule.pt $(for r in "${runs[@]}"; do
+            v=${r#*:}; echo "/tmp/bits_${r%%:*}_v${v:-rule}.pt"; done) 2>&1 | tee "$OUT/bits.log" | tail -8;;
     gpu) echo "== gpu ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
          MOK_FAST_LIB=$(lib B) timeout "$(cap 300)" python -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider \
            2>&1 | tee "$OUT/gpu_tests.log" | tail -4;;
@@ -58,7 +60,7 @@ for step in "$@"; do
              done; done
              grep -E "^####|bf16-out" "$OUT/profiles.log";;
     ab) echo "== ab ($(left) s left)"
-        for r in $(seq 1 "${AB_ROUNDS:-2}"); do for l in B A; do ab_round "$r" "$l"; done; done;;
+        for r in $(seq 1 "${AB_ROUNDS:-2}"); do for l in ${AB_LIBS:-B A}; do ab_round "$r" "$l"; done; done;;
     tall) echo "== tall ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
           MOK_FAST_LIB=$(lib A) energy energy_tall.log 12 300 $TALL_WORKLOADS --rounds "${TALL_ROUNDS:-2}";;
     groups-configs) echo $GROUP_CONFIGS;;

@@ -15,13 +15,12 @@ from bench_scripts import BENCH
     "d_a_shared_a_run42.diff",  # the d_a kind in 1x2 clusters (run 42, not kept): main_check_run42.sh's tiles, ab
     "epi_stages_run44.diff",  # the linear epilogue's bf16 D in 4 store buffers (run 44, not kept): library B
     "dx_tall_wide_run44.diff",  # the d_x kind's variant 5 in 256x192 tiles (run 44, not kept): library C
-    "swiglu_fwd_staged_coop_run48.diff",  # the fused gate/up epilogue staged in the cooperative tiles too (run 49:
-    #                                       level, not kept)
     "linear_staged_run49.diff",  # the down and d_x kinds' D staged, stored through ragged maps: main_check_run49.sh's B
 ])  # (tile64_run39.diff and tall_tile_run40.diff each added a variant 5; run 41 merged the latter's. Run 48 merged
 #    swiglu_fwd_staged_run47.diff, run 49 d_a_staged_run48.diff. These apply to 4475e7b's tree and no longer to
 #    this one: pq24_run43.diff, chunked_order_run45.diff, reg_epilogue_run46.diff and swiglu_fwd_wide_run47.diff, not
-#    kept, and reg_epilogue16_run46.diff, never run: run 46's register stores lost to the linear epilogue's TMA stores)
+#    kept, and reg_epilogue16_run46.diff, never run: run 46's register stores lost to the linear epilogue's TMA stores.
+#    swiglu_fwd_staged_coop_run48.diff, level in run 49 and not kept, applies to eb34c1b, before run 49's review mend)
 def test_probe_diffs_still_apply_to_this_tree(diff):
     """Device steps build libraries from main with these diffs applied: a change to the tree that a diff no longer
     fits would stop such a build in a device session."""
