@@ -16,6 +16,8 @@ Usage: python benchmarks/bench_moe.py [--configs a,b] [--routings random,skewed]
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import statistics
 import subprocess
@@ -117,6 +119,11 @@ def bf16_peak_tflops() -> float:
     return 2 * 8192**3 / ms / 1e9
 
 
+def call_with_args(fn, leaves: dict):
+    """fn(*leaves[a] for a in ARGS): a baseline called on its autograd leaves."""
+    return fn(*(leaves[a] for a in ARGS))
+
+
 class Method:
     """fwd() -> y; fwd_bwd() -> (y, d_x) for one implementation on fixed inputs."""
 
@@ -124,14 +131,16 @@ class Method:
         self.name, self.inp, self.wgrad = name, inp, weight_grad_dtype
         if name == "mok_gu":  # gate and up as halves of one [gate; up] tensor (mok.MoE's fp32 casts, HF's gate_up_proj)
             self.inp = with_stacked_gate_up(inp)
+        # self.fn closes over the leaves, never over self: a Method in a reference cycle outlives `del` until the
+        # garbage collector runs, maybe inside the next method's timed calls, whose peak then loses those bytes
         if name == "sonic":  # SonicMoE's layer on the same inputs, its own weight layout (sonic_peer.py)
             self.leaves = sonic_leaves(inp)
-            self.fn = lambda: sonic_forward(self.leaves)
+            self.fn = functools.partial(sonic_forward, self.leaves)
         elif not name.startswith("mok"):
             self.leaves = {k: (v.detach().clone().requires_grad_(True) if v is not None and v.is_floating_point()
                                else v) for k, v in inp.items() if k in ARGS}
             fn = grouped_mm_path if name == "grouped_mm" else naive_loop
-            self.fn = lambda: fn(*(self.leaves[a] for a in ARGS))
+            self.fn = functools.partial(call_with_args, fn, self.leaves)
 
     def inputs(self) -> list:
         """The tensors this method reads: mok's as passed (gate and up as one tensor for mok_gu), the baselines'
@@ -305,6 +314,7 @@ def main() -> None:
                     continue
                 reps = a.reps
                 meth.clear_grads()
+                gc.collect()  # nothing of an earlier method left to be freed inside this one's timed calls
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 resident = torch.cuda.memory_allocated()  # this method's inputs, and what the others share
