@@ -12,7 +12,7 @@
 #            rows and the x rows before those), stacked ones first;
 #   module   bench_moe.py --module on five suite shapes: what a user runs (mok.MoE: router, losses, layer) against a
 #            plain PyTorch module, time and each step's peak memory;
-#   profile  profile_fast.py, one process per shape of docs/fast_path.md's per-stage table;
+#   profile  profile_fast.py, one process per shape of docs/fast_path_measurements.md's per-stage table;
 #   ab-wait  whole steps of bc7babc's backward (the main stream waits for the d_x combine at the end, the d_x rows
 #            live to the end) against this tree's (it waits once the gate/up gradients are queued and drops them),
 #            alternating, two rounds: Qwen3-30B-A3B and Mixtral-8x7B. Needs bc7babc's tree at .dev/bc7_tree

@@ -6,7 +6,7 @@
 #   h200      main_check_run31.sh's h200 step: issue 13's preset, the suite with both layouts, the fused forward's
 #             tiles (refuses to run on another card);
 #   stages    what fewer mainloop stages cost the row-tiled GEMMs' full tiles, the price every tile would pay for a
-#             tile pairing two experts' short last tiles (docs/fast_path.md): profile_fast.py on STAGE_CONFIGS under
+#             tile pairing two experts' short last tiles (docs/fast_path_measurements.md): profile_fast.py on STAGE_CONFIGS under
 #             $MOK_FAST_LIB and under $STAGES_LIB (benchmarks/stages_probe.sh: the same kernels with the stages left
 #             once each stage holds a second B tile, 5 -> 3 and d_a's 4 -> 2), one process each, two rounds
 #             alternating; then whole steps of the same shapes (energy_probe.py, STAGE_WORKLOADS: burst and steady)

@@ -8,7 +8,7 @@
 #   floor    energy_probe.py --preset issue13, two interleaved rounds: issue 13's four shapes and the matmul peak, with
 #            the same shapes as dense cuBLAS products of all their rows added (FLOOR_WORKLOADS: `dense:`,
 #            dense_floor.py: the same FLOPs, no routing, no memory-bound kernels);
-#   profile  on an H200 only: the per-stage profile of docs/fast_path.md (main_check_run28.sh profile);
+#   profile  on an H200 only: the per-stage profile of docs/fast_path_measurements.md (main_check_run28.sh profile);
 #   cache    a trial: $CACHE_LIB, one or more libraries (space-separated) whose fused SwiGLU epilogues give the L2 an
 #            evict-first hint for the fp32 [p | q] (.build/b36: streaming stores in the gate/up launch and cp.async
 #            with an L2 cache policy in the d_a launch; .build/b36b: the d_a launch's only, what main keeps), so that

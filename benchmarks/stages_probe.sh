@@ -2,7 +2,7 @@
 # Builds the PAIRED_STAGES probe library (benchmarks/RESULTS.md run 32): this tree's csrc with
 # benchmarks/stages_probe.diff applied, so that the row-tiled grouped GEMMs (A row-major: gate/up + SwiGLU, down,
 # d_a + SwiGLU backward, d_x) run their mainloops with the stages they would have if every stage also held a second B
-# tile (a tile whose 64-row halves belong to two experts: docs/fast_path.md, "the experts' last tiles"). Same tiles,
+# tile (a tile whose 64-row halves belong to two experts: docs/fast_path_measurements.md, "the experts' last tiles"). Same tiles,
 # same bits, fewer stages: what the pipeline depth alone would cost the full tiles. The four translation units of those
 # kinds are compiled with the library's flags and linked with the other objects of a build of this tree; the script
 # first prints benchmarks/smem_stages.cu's table for the patched headers (its "stages" column is then the unpatched
