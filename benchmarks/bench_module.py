@@ -13,6 +13,8 @@ gradients and everything its step keeps count; x and dy (shared by all) do not.
 """
 from __future__ import annotations
 
+import gc
+
 import torch
 import torch.nn.functional as F
 
@@ -87,6 +89,7 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
         dy = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16)
         res = {}
         for dtype in (torch.bfloat16, torch.float32):
+            gc.collect()  # nothing left over to be freed inside the step whose peak is read against `before`
             before = torch.cuda.memory_allocated()
             torch.manual_seed(0)
             m = mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=dtype, device="cuda")
@@ -111,6 +114,7 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
                     res[f"layer {mode}"] = timed(layer, warmup, reps, mode)
             del m
             torch.cuda.empty_cache()
+        gc.collect()
         before = torch.cuda.memory_allocated()
         plain = PlainMoE(H, I, E, K, S, "cuda")
         for mode in ("stream", "sync"):
