@@ -50,7 +50,7 @@ print(*(f'{p} {v(p)}' for p in ('sonic-moe', 'quack-kernels', 'nvidia-cutlass-ds
                  done;;
     sonic-warm) echo "== sonic-warm ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; sonic_unpack
                 timeout $(( $(left) - 40 < 380 ? $(left) - 40 : 380 )) python benchmarks/sonic_check.py \
-                  $SONIC_SHAPES,mixtral-8x7b 2>&1 | grep -v -i warn | tee "$OUT/sonic_warm.log" | tail -6;;
+                  $SONIC_SHAPES,mixtral-8x7b 2>&1 | grep --line-buffered -v -i warn | tee "$OUT/sonic_warm.log" | tail -10;;
     sonic-side) echo "== sonic-side ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader; sonic_unpack
                 timeout $(( $(left) - 20 )) python benchmarks/energy_probe.py --preset issue13-sonic --rounds 2 \
                   --seconds 2 --cool 1 2>&1 | grep -v -i warn | tee "$OUT/energy_sonic.log" | tail -24;;

@@ -26,8 +26,11 @@ def main() -> None:
     except ValueError as e:
         sys.exit(str(e))
     require_sonic("sonic_check.py")
+    t_start = time.time()
     for c in configs:
         name = c["name"]
+        # a line before each first call, so a run cut off by a time limit shows which shape it was in, and since when
+        print(f"{name}: first call at {time.time() - t_start:.0f} s", flush=True)
         inp = make_bench_inputs(dict(c, S=0), "random")
         y_ref, dx_ref = oracle(inp)
         meth = Method("sonic", inp)
