@@ -24,3 +24,14 @@ group_changes() { local l; for l in "$@"; do echo "-- library $l"
                     MOK_FAST_LIB=$(lib "$l") timeout "$(cap 120)" python benchmarks/bench_group_changes.py \
                       --configs "$GROUP_CONFIGS" --variants 0,3,5 --rounds 2 2>&1 | tee "$OUT/groups_$l.log" | tail -16
                   done; }
+# bits_against_a LOG RUN...: variant_bits.py under library A by the rule (once a call: /tmp/bits_A_vrule.pt), then
+# each RUN, LIB:VARIANT (VARIANT empty: the rule) under $MOK_FAST_LIB_<LIB>, all compared bit for bit with A ($OUT/LOG)
+bits_against_a() { local log=$1 r l v; shift
+  [ -f /tmp/bits_A_vrule.pt ] || MOK_FAST_LIB=$(lib A) timeout "$(cap 60)" python benchmarks/variant_bits.py \
+    --save /tmp/bits_A_vrule.pt 2>&1 | grep -v -i warn
+  for r in "$@"; do l=${r%%:*} v=${r#*:}
+    MOK_FAST_LIB=$(lib "$l") MOK_FAST_GEMM_VARIANT=$v timeout "$(cap 60)" python benchmarks/variant_bits.py \
+      --save "/tmp/bits_${l}_v${v:-rule}.pt" 2>&1 | grep -v -i warn
+  done
+  python benchmarks/variant_bits.py --compare /tmp/bits_A_vrule.pt $(for r in "$@"; do v=${r#*:}
+    echo "/tmp/bits_${r%%:*}_v${v:-rule}.pt"; done) 2>&1 | tee "$OUT/$log" | tail -$(( $# + 2 )); }

@@ -33,21 +33,10 @@ PROFILE_SHAPES=${PROFILE_SHAPES:-"qwen3-30b-a3b olmoe-1b-7b mid-64e"}
 source "$(dirname "$0")/workload_pairs.sh"
 PP_WORKLOADS=$(pairs "+MOK_FAST_GEMM_VARIANT=,,,,,,,3," dsv3-ep8-slice@S0 mixtral-8x7b phi-3.5-moe)
 source "$(dirname "$0")/device_budget.sh"
-# bits_against_a LIB LOG VARIANT...: variant_bits.py under library A by the rule (once a call), then under LIB in each
-# VARIANT ("" for the rule), each compared bit for bit with A ($OUT/LOG)
-bits_against_a() { local l=$1 log=$2 v; shift 2
-  [ -f /tmp/bits_A_vrule.pt ] || MOK_FAST_LIB=$(lib A) timeout "$(cap 60)" python benchmarks/variant_bits.py \
-    --save /tmp/bits_A_vrule.pt 2>&1 | grep -v -i warn
-  for v in "$@"; do
-    MOK_FAST_LIB=$(lib "$l") MOK_FAST_GEMM_VARIANT=$v timeout "$(cap 60)" python benchmarks/variant_bits.py \
-      --save "/tmp/bits_${l}_v${v:-rule}.pt" 2>&1 | grep -v -i warn
-  done
-  python benchmarks/variant_bits.py --compare /tmp/bits_A_vrule.pt \
-    $(for v in "$@"; do echo "/tmp/bits_${l}_v${v:-rule}.pt"; done) 2>&1 | tee "$OUT/$log" | tail -6; }
 rm -f /tmp/bits_A_vrule.pt
 for step in "$@"; do
   case $step in
-    bits) echo "== bits ($(left) s left)"; bits_against_a E bits.log "" 0 3;;
+    bits) echo "== bits ($(left) s left)"; bits_against_a bits.log E: E:0 E:3;;
     gpu) echo "== gpu ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
          MOK_FAST_LIB=$(lib E) timeout "$(cap 300)" python -m pytest ${GPU_TESTS:-tests/gpu} -q \
            -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -4;;
@@ -60,7 +49,7 @@ for step in "$@"; do
                  | grep -v -i warn >> "$OUT/profiles.log"
              done; done; done
              grep -E "^####|GEMM pingpong SwiGLU" "$OUT/profiles.log";;
-    fbits) echo "== fbits ($(left) s left)"; bits_against_a F fbits.log 0 1;;
+    fbits) echo "== fbits ($(left) s left)"; bits_against_a fbits.log F:0 F:1;;
     ftests) echo "== ftests ($(left) s left)"
             MOK_FAST_LIB=$(lib F) timeout "$(cap 200)" python -m pytest tests/gpu/test_fast_fused_fwd.py \
               tests/gpu/test_fast_tiles.py -q -p no:cacheprovider 2>&1 | tee "$OUT/ftests.log" | tail -3;;

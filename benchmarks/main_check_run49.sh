@@ -39,15 +39,8 @@ rm -f /tmp/bits_A_vrule.pt
 for step in "$@"; do
   case $step in
     bits) echo "== bits ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
-          MOK_FAST_LIB=$(lib A) timeout "$(cap 60)" python benchmarks/variant_bits.py --save /tmp/bits_A_vrule.pt \
-            2>&1 | grep -v -i warn
           runs=(B: B:0 B:3 B:5); [ -n "${MOK_FAST_LIB_M:-}" ] && runs+=(M:)
-          for r in "${runs[@]}"; do l=${r%%:*} v=${r#*:}
-            MOK_FAST_LIB=$(lib "$l") MOK_FAST_GEMM_VARIANT=$v timeout "$(cap 60)" python benchmarks/variant_bits.py \
-              --save "/tmp/bits_${l}_v${v:-rule}.pt" 2>&1 | grep -v -i warn
-          done
-          python benchmarks/variant_bits.py --compare /tmp/bits_A_vrule.pt $(for r in "${runs[@]}"; do
-            v=${r#*:}; echo "/tmp/bits_${r%%:*}_v${v:-rule}.pt"; done) 2>&1 | tee "$OUT/bits.log" | tail -8;;
+          bits_against_a bits.log "${runs[@]}";;
     gpu) echo "== gpu ($(left) s left)"; nvidia-smi --query-gpu=name --format=csv,noheader
          MOK_FAST_LIB=$(lib B) timeout "$(cap 300)" python -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider \
            2>&1 | tee "$OUT/gpu_tests.log" | tail -4;;

@@ -247,24 +247,30 @@ def test_profile_fast_names_each_epilogue(epilogue, says):
     assert short(_gemm_name(128, 192)[:-len("(Params)")] + epilogue + "(Params)").endswith("pingpong" + says)
 
 
+def _tiny_bench_inputs(S: int) -> dict:
+    """bench_moe's inputs on the CPU, T, H, I, E, K = 6, 16, 8, 4, 2 and S shared columns (None when 0): bf16 x [T, H],
+    int64 topk_idx [T, K], fp32 topk_weight [T, K], bf16 weights, bf16 dy [T, H]."""
+    import torch
+
+    T, H, I, E, K = 6, 16, 8, 4, 2
+    bf = {"dtype": torch.bfloat16}
+    return {"x": torch.randn(T, H, **bf), "topk_idx": torch.randint(0, E, (T, K)), "topk_weight": torch.rand(T, K),
+            "shared_gate": torch.randn(S, H, **bf) if S else None, "shared_up": torch.randn(S, H, **bf) if S else None,
+            "shared_down": torch.randn(H, S, **bf) if S else None, "routed_gate": torch.randn(E, I, H, **bf),
+            "routed_up": torch.randn(E, I, H, **bf), "routed_down": torch.randn(E, H, I, **bf),
+            "dy": torch.randn(T, H, **bf)}
+
+
 @pytest.mark.parametrize("S", [0, 8])  # without / with a shared expert (its gate and up stacked too for mok_gu)
 def test_bench_moe_charges_each_method_one_copy_of_the_inputs(S):
     """bench_moe's peak GiB: each method counts the bytes of the inputs it reads once. The loop also keeps the
     inputs the baselines clone and mok_gu stacks; counting those (as before run 26) inflated the grouped_mm path's
     peak by all its inputs and mok_gu's by its gate/up weights."""
     import sys
-
-    import torch
     sys.path.insert(0, str(BENCH))
     from bench_moe import ARGS, Method, peak_gib
 
-    T, H, I, E, K = 6, 16, 8, 4, 2
-    bf = {"dtype": torch.bfloat16}
-    inp = {"x": torch.randn(T, H, **bf), "topk_idx": torch.randint(0, E, (T, K)), "topk_weight": torch.rand(T, K),
-           "shared_gate": torch.randn(S, H, **bf) if S else None, "shared_up": torch.randn(S, H, **bf) if S else None,
-           "shared_down": torch.randn(H, S, **bf) if S else None, "routed_gate": torch.randn(E, I, H, **bf),
-           "routed_up": torch.randn(E, I, H, **bf), "routed_down": torch.randn(E, H, I, **bf),
-           "dy": torch.randn(T, H, **bf)}
+    inp = _tiny_bench_inputs(S)
     one_copy = sum(v.numel() * v.element_size() for k, v in inp.items() if v is not None and (k in ARGS or k == "dy"))
     for name in ("mok", "mok_gu", "grouped_mm"):
         meth = Method(name, inp)
@@ -285,18 +291,10 @@ def test_bench_moe_frees_a_baseline_method_without_the_garbage_collector(name):
     import gc
     import sys
     import weakref
-
-    import torch
     sys.path.insert(0, str(BENCH))
     from bench_moe import Method
 
-    T, H, I, E, K = 4, 8, 8, 2, 1
-    bf = {"dtype": torch.bfloat16}
-    inp = {"x": torch.randn(T, H, **bf), "topk_idx": torch.randint(0, E, (T, K)), "topk_weight": torch.rand(T, K),
-           "shared_gate": None, "shared_up": None, "shared_down": None, "routed_gate": torch.randn(E, I, H, **bf),
-           "routed_up": torch.randn(E, I, H, **bf), "routed_down": torch.randn(E, H, I, **bf),
-           "dy": torch.randn(T, H, **bf)}
-    meth = Method(name, inp)
+    meth = Method(name, _tiny_bench_inputs(0))
     gone, leaf = weakref.ref(meth), weakref.ref(meth.leaves["routed_gate"])
     was_enabled = gc.isenabled()
     gc.disable()

@@ -422,6 +422,33 @@ def test_device_budget_gives_each_step_the_smaller_of_its_limit_and_what_is_left
     assert 'MOK_FAST_LIB=$(lib "$l")' in r.stdout and "bench_group_changes.py" in r.stdout, r.stdout
 
 
+
+def test_bits_against_a_saves_a_once_then_each_library_variant_run_and_compares_them_all_with_a(tmp_path):
+    """device_budget.sh's bits_against_a (runs 48's and 49's bits steps): variant_bits.py --save under library A by
+    the rule once a call, then under each LIB:VARIANT run (an empty variant: the rule), then one --compare of every
+    run against A. A stub `python` records each call's arguments, library and variant."""
+    import os
+    import subprocess
+
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python").write_text('#!/bin/bash\necho "$* | $MOK_FAST_LIB | $MOK_FAST_GEMM_VARIANT" >> "$OUT/calls"\n')
+    (stub / "python").chmod(0o755)
+    script = (f'source {BENCH / "device_budget.sh"}; rm -f /tmp/bits_A_vrule.pt; bits_against_a b.log B: B:3 M:; '
+              'touch /tmp/bits_A_vrule.pt; bits_against_a c.log F:1; rm -f /tmp/bits_A_vrule.pt')
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "OUT": str(tmp_path), "MOK_FAST_LIB_A": "/a.so",
+           "MOK_FAST_LIB_B": "/b.so", "MOK_FAST_LIB_M": "/m.so", "MOK_FAST_LIB_F": "/f.so"}
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    save = "benchmarks/variant_bits.py --save /tmp/bits_"
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        f"{save}A_vrule.pt | /a.so | ", f"{save}B_vrule.pt | /b.so | ", f"{save}B_v3.pt | /b.so | 3",
+        f"{save}M_vrule.pt | /m.so | ",
+        "benchmarks/variant_bits.py --compare /tmp/bits_A_vrule.pt /tmp/bits_B_vrule.pt /tmp/bits_B_v3.pt "
+        "/tmp/bits_M_vrule.pt |  | ",
+        f"{save}F_v1.pt | /f.so | 1",  # A's bits saved already: not again
+        "benchmarks/variant_bits.py --compare /tmp/bits_A_vrule.pt /tmp/bits_F_v1.pt |  | "]
+
 def test_main_check_run49_group_change_configs_are_five_known_shapes(tmp_path):
     """Run 49's groups step (A against the staged linear epilogue): the group-change benchmark's configs are five
     known shapes."""
