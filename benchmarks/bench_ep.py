@@ -105,8 +105,8 @@ def run_rank(rank: int, W: int, group, cfg: dict, T: int, warmup: int, reps: int
     import torch.distributed as dist
 
     import mok.fast
-    from mok.harness.cases import MoEConfig, make_inputs
-    from mok.harness.runner import shard_inputs
+    from mok.testing.cases import MoEConfig, make_inputs
+    from mok.testing.runner import shard_inputs
 
     E, H = cfg["E"], cfg["H"]
     inputs = make_inputs(MoEConfig(T * W, H, cfg["I"], E, cfg["K"], cfg.get("S", 0)), seed=1)
@@ -188,7 +188,7 @@ def main(argv=None) -> None:
         dist.destroy_process_group()
     else:
         from bench_ep import run_rank as worker  # by module name, so the worker processes can import it
-        from mok.harness.dist import launch
+        from mok.testing.dist import launch
 
         rows = launch(worker, (cfg, T, a.warmup, a.reps), W, device="cuda")
         _print(rows)

@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import mok.fast  # noqa: E402
 from baselines import grouped_mm_path, naive_loop  # noqa: E402
 from sonic_peer import require_sonic, sonic_forward, sonic_leaves  # noqa: E402
-from mok.harness.bits import rel_error  # noqa: E402
-from mok.harness.cases import MoEConfig, make_routing, with_stacked_gate_up  # noqa: E402
-from mok.harness.plain import moe_plain  # noqa: E402
+from mok.testing.bits import rel_error  # noqa: E402
+from mok.testing.cases import MoEConfig, make_routing, with_stacked_gate_up  # noqa: E402
+from mok.testing.plain import moe_plain  # noqa: E402
 
 CONFIGS = ROOT / "benchmarks" / "configs.json"
 SUITE = ROOT / "benchmarks" / "suite.json"
@@ -64,7 +64,7 @@ def named_configs(names: str, files: tuple[Path, ...] | None = None) -> list[dic
 
 
 def bench_routing(cfg: MoEConfig, routing: str, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_idx [T, K], topk_weight [T, K] fp32) on the CPU: as configs.json says (mok.harness.cases.make_routing),
+    """(topk_idx [T, K], topk_weight [T, K] fp32) on the CPU: as configs.json says (mok.testing.cases.make_routing),
     or "balanced": pair t·K + k picks expert (t·K + k) mod E, so every expert gets T·K / E rows when E divides T·K
     (K <= E consecutive ids: distinct within a token; the weights stay the random routing's)."""
     idx, w = make_routing(cfg, torch.Generator().manual_seed(seed), "random" if routing == "balanced" else routing)

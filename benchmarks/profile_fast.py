@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mok.fast  # noqa: E402
 from bench_moe import ARGS, CONFIGS, SUITE, load_configs, make_bench_inputs, timed  # noqa: E402
-from mok.harness.cases import with_stacked_gate_up  # noqa: E402
+from mok.testing.cases import with_stacked_gate_up  # noqa: E402
 
 
 def short(name: str) -> str:

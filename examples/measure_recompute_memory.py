@@ -19,8 +19,8 @@ import time
 import torch
 
 import mok
-from mok.harness.bits import assert_bitwise_equal
-from mok.harness.memory import saved_activation_bytes
+from mok.testing.bits import assert_bitwise_equal
+from mok.testing.memory import saved_activation_bytes
 
 
 def measure(args, recompute: bool) -> dict:

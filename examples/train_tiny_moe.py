@@ -256,7 +256,7 @@ def train(cfg: Config, group=None, progress: bool = True):
 
 
 def _rank(rank, world_size, group, cfg, progress):
-    """One expert-parallel process (started by mok.harness.dist.launch): rank 0 returns the result."""
+    """One expert-parallel process (started by mok.testing.dist.launch): rank 0 returns the result."""
     result = train(cfg, group, progress)
     return result if rank == 0 else None
 
@@ -284,13 +284,13 @@ def check_config(cfg: Config, world_size: int) -> None:
 def run(cfg: Config, world_size: int = 1, progress: bool = True):
     """train() in this process (W = 1) or in W fresh gloo processes (CPU). Returns (losses, weights).
 
-    W > 1 uses mok.harness.dist.launch: settings are checked before any process starts, a failing
+    W > 1 uses mok.testing.dist.launch: settings are checked before any process starts, a failing
     process stops all of them with its message, and Ctrl-C or SIGTERM stops them all (docs/reliability.md).
     """
     check_config(cfg, world_size)
     if world_size == 1:
         return train(cfg, None, progress)
-    from mok.harness.dist import launch
+    from mok.testing.dist import launch
 
     return launch(_rank, (cfg, progress), world_size, threads=cfg.threads)[0]
 
@@ -328,7 +328,7 @@ def plot(curves: dict, path: str, title: str) -> bool:
 
 def first_difference(a: dict, b: dict) -> str | None:
     """None when every tensor is bitwise equal, else a message naming the first difference."""
-    from mok.harness.bits import bit_diff
+    from mok.testing.bits import bit_diff
 
     for name in a:
         d = bit_diff(b[name], a[name])

@@ -2,8 +2,9 @@
 
 `mok.MoE` (the module; also `mok.Routing`, `mok.RouterLosses`) and `mok.moe` / `mok.router` /
 `mok.router_losses` (the functional ops) are imported on first use. Import the subpackages explicitly:
-`mok.reference` (the bit-exact contract), `mok.fast` (CUDA, Hopper), `mok.nn`, `mok.hf` and `mok.harness`
-(goldens, verify, diff-grads; its extra: `pip install -e ".[harness]"` in the source tree).
+`mok.reference` (the bit-exact contract), `mok.fast` (CUDA, Hopper), `mok.nn`, `mok.hf`, `mok.testing`
+(bitwise comparisons, seeded inputs) and `mok.cli` (the `mok` command: goldens, verify, diff-grads; its extra:
+`pip install "mok[harness]"`).
 """
 
 __version__ = "0.3.0"

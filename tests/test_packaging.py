@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mok.harness.golden import CASES
+from mok.cli.golden import CASES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,11 +38,11 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_carries_cuda_sources_and_goldens(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    cu = {Path(n).name for n in names if n.startswith("mok/fast/csrc/")}
-    assert cu == {p.name for p in (ROOT / "mok" / "fast" / "csrc").iterdir()}
-    assert "mok/harness/golden/manifest.json" in names
+    cu = {Path(n).name for n in names if n.startswith("mok/_csrc/")}
+    assert cu == {p.name for p in (ROOT / "csrc").iterdir()}
+    assert "mok/_golden/manifest.json" in names
     for case in CASES:
-        assert f"mok/harness/golden/{case.name}.safetensors" in names, case.name
+        assert f"mok/_golden/{case.name}.safetensors" in names, case.name
 
 
 @pytest.mark.slow
@@ -61,11 +61,17 @@ def test_installed_wheel_verifies_outside_the_source_tree(wheel, tmp_path):
     where = _run([py, "-c", "import mok, mok.fast._build as b; print(mok.__file__); print(b.CSRC)"], cwd=tmp_path)
     mok_file, csrc = where.split()
     assert mok_file.startswith(str(venv)), f"imported {mok_file}, not the wheel's copy"
-    assert Path(csrc, "mok_fast.h").is_file()
+    assert Path(csrc) == Path(mok_file).parent / "_csrc" and Path(csrc, "mok_fast.h").is_file()
     out = _run([mok_cli, "verify", "--no-progress"], cwd=tmp_path)
     assert "0 failed" in out and "passed" in out, out
     out = _run([mok_cli, "golden", "check"], cwd=tmp_path)
     assert f"{len(CASES)} passed, 0 failed" in out, out
+
+
+def test_a_source_checkout_reads_the_top_level_csrc_and_golden():
+    from mok._resources import csrc_dir, golden_dir
+
+    assert csrc_dir() == ROOT / "csrc" and golden_dir() == ROOT / "golden"
 
 
 def test_layer_works_without_the_harness_extras(tmp_path):

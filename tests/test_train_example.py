@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from mok.harness.bits import assert_bitwise_equal
+from mok.testing.bits import assert_bitwise_equal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,9 +85,9 @@ def test_run_checks_settings_before_starting_processes(example, monkeypatch, kw,
     def no_launch(*a, **k):
         raise AssertionError("a process was started for bad settings")
 
-    import mok.harness.dist
+    import mok.testing.dist
 
-    monkeypatch.setattr(mok.harness.dist, "launch", no_launch)
+    monkeypatch.setattr(mok.testing.dist, "launch", no_launch)
     with pytest.raises(ValueError) as info:
         example.run(_small(example, **kw), W, progress=False)
     for p in parts:
@@ -110,7 +110,7 @@ def _differing_seed(rank, world_size, group):
 
 def test_ranks_with_different_configs_fail_at_once(example):
     """The example's pre-flight: a rank whose Config differs makes every rank raise before training."""
-    from mok.harness.dist import WorkerError, launch
+    from mok.testing.dist import WorkerError, launch
 
     with pytest.raises(WorkerError) as info:
         launch(_differing_seed, (), 2, timeout_s=60)

@@ -1,4 +1,4 @@
-"""Build and load the CUDA library of the fast path (mok/fast/csrc/*.cu, package data) for sm_90a.
+"""Build and load the CUDA library of the fast path (csrc/*.cu; package data of the wheel) for sm_90a.
 
 The library is built on first use with ``torch.utils.cpp_extension.load`` (ninja) into a cache
 directory (``$MOK_FAST_CACHE`` or ``~/.cache/mok/fast``) and reused afterwards;
@@ -17,7 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-CSRC = Path(__file__).resolve().parent / "csrc"  # package data
+from .._resources import csrc_dir
+
+CSRC = csrc_dir()  # the wheel's copy, or the repository's csrc/ in a source checkout
 NAME = "mok_fast_sm90a"
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
 CUDA_FLAGS = ["-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", *ARCH_FLAGS]

@@ -5,10 +5,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mok.fast
-from mok.harness.cases import MoEConfig, make_inputs
-from mok.harness.fast_checks import assert_within_2x, plain_outputs
-from mok.harness.golden import load_case, load_manifest
-from mok.harness.runner import run_layer
+from mok.testing.cases import MoEConfig, make_inputs
+from mok.testing.tolerance import assert_within_2x, plain_outputs
+from mok.cli.golden import load_case, load_manifest
+from mok.testing.runner import run_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import mok.fast
-from mok.harness.bits import assert_bitwise_equal
-from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.testing.bits import assert_bitwise_equal
+from mok.testing.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
 from mok.fast._checks import check_inputs
 from mok.fast._forward import run_forward
-from mok.harness.runner import run_layer
+from mok.testing.runner import run_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

@@ -1,14 +1,14 @@
 """Bitwise properties of mok.fast (docs/determinism.md): reruns, CUDA-graph replay, other streams, batch
-invariance. Comparisons are on raw bits (mok.harness.bits.assert_bitwise_equal)."""
+invariance. Comparisons are on raw bits (mok.testing.bits.assert_bitwise_equal)."""
 import pytest
 import torch
 
 import mok.fast
-from mok.harness.bits import assert_bitwise_equal, assert_outputs_bitwise_equal, raw_bits
+from mok.testing.bits import assert_bitwise_equal, assert_outputs_bitwise_equal, raw_bits
 from mok.fast import _tiles
 from mok.fast._checks import stacked_gate_up
-from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs, with_stacked_gate_up
-from mok.harness.runner import run_layer
+from mok.testing.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs, with_stacked_gate_up
+from mok.testing.runner import run_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

@@ -10,8 +10,8 @@ import torch
 import mok.fast as fast
 from mok.fast import _backward, _lib
 from mok.fast._lib import Operand, Segment
-from mok.harness.bits import assert_bitwise_equal
-from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs, two_gate_up_tensors
+from mok.testing.bits import assert_bitwise_equal
+from mok.testing.cases import LAYER_ARGS, MoEConfig, make_inputs, two_gate_up_tensors
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

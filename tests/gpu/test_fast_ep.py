@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import mok.fast
-from mok.harness.bits import assert_bitwise_equal, raw_bits
-from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
-from mok.harness.dist import WorkerError, launch, run_world
-from mok.harness.fast_checks import GRAD_OF, assert_within_2x, plain_outputs
-from mok.harness.runner import run_layer, shard_inputs, unshard_outputs
+from mok.testing.bits import assert_bitwise_equal, raw_bits
+from mok.testing.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.testing.dist import WorkerError, launch, run_world
+from mok.testing.tolerance import GRAD_OF, assert_within_2x, plain_outputs
+from mok.testing.runner import run_layer, shard_inputs, unshard_outputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

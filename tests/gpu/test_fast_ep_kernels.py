@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mok.fast import _lib_ep
-from mok.harness.bits import assert_bitwise_equal
+from mok.testing.bits import assert_bitwise_equal
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

@@ -12,9 +12,9 @@ import torch
 import mok.fast as fast
 from mok.fast import _backward, _lib, _tiles
 from mok.fast._lib import Operand, Segment
-from mok.harness.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
-from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
-from mok.harness.runner import run_layer
+from mok.testing.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
+from mok.testing.cases import LAYER_ARGS, MoEConfig, make_inputs
+from mok.testing.runner import run_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

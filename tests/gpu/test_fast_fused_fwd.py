@@ -13,9 +13,9 @@ import torch
 import mok.fast as fast
 from mok.fast import _backward, _checks, _forward, _lib, _tiles
 from mok.fast._lib import Operand, Segment
-from mok.harness.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
-from mok.harness.cases import MoEConfig, make_inputs, two_gate_up_tensors, with_stacked_gate_up
-from mok.harness.runner import run_layer
+from mok.testing.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
+from mok.testing.cases import MoEConfig, make_inputs, two_gate_up_tensors, with_stacked_gate_up
+from mok.testing.runner import run_layer
 from mok.reference import Dims
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from mok.fast import _lib
-from mok.harness.bits import assert_bitwise_equal
+from mok.testing.bits import assert_bitwise_equal
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

@@ -5,7 +5,7 @@ import torch
 
 import mok.fast
 from mok import reference
-from mok.harness.bits import assert_bitwise_equal
+from mok.testing.bits import assert_bitwise_equal
 from mok.nn import losses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]

@@ -11,7 +11,7 @@ import torch
 
 import mok
 import mok.fast
-from mok.harness.bits import assert_bitwise_equal
+from mok.testing.bits import assert_bitwise_equal
 from mok.nn import ops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
@@ -204,7 +204,7 @@ def test_construction_and_cuda_do_not_build():
 
 
 def test_bf16_weight_gradients_are_the_fp32_ones_rounded_once():
-    from mok.harness.cases import LAYER_ARGS, MoEConfig, make_inputs
+    from mok.testing.cases import LAYER_ARGS, MoEConfig, make_inputs
     inp = make_inputs(MoEConfig(T=300, H=256, I=128, E=16, K=4, S=64), seed=2, routing="empty_expert", device="cuda")
     _, ctx = mok.fast.forward(*(inp[a] for a in LAYER_ARGS))
     g32 = mok.fast.backward(ctx, inp["dy"])

@@ -7,8 +7,8 @@ the caching allocator gets the memory back.)"""
 import pytest
 import torch
 
-from mok.harness.bits import assert_bitwise_equal
-from mok.harness.cases import MoEConfig, make_inputs
+from mok.testing.bits import assert_bitwise_equal
+from mok.testing.cases import MoEConfig, make_inputs
 from mok.nn import ops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
@@ -125,7 +125,7 @@ def _planned_ep_backward_peak(cfg: MoEConfig, W: int) -> tuple[int, int]:
 
 def _ep_backward_peak(rank, world_size, group, inputs):
     """This rank's eager backward peak above its start (bytes), second of two steps, through ops.moe_gate_up."""
-    from mok.harness.runner import shard_inputs
+    from mok.testing.runner import shard_inputs
 
     local = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in
              shard_inputs(inputs, rank, world_size).items()}
@@ -146,7 +146,7 @@ def test_expert_parallel_backward_peak_is_the_planned_one():
     same margins), which frees the d_x rows once scattered and the x rows once the gate/up gradients are queued:
     R·H·2 bytes each (64 MiB here). Kept to the end, as before run 29, the peak would be 192 MiB, at the down
     gradient, against the plan's 100."""
-    from mok.harness.dist import launch
+    from mok.testing.dist import launch
 
     cfg, W = MoEConfig(T=2048, H=4096, I=128, E=64, K=4, S=0), 2
     want, stage = _planned_ep_backward_peak(cfg, W)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import mok.fast
 from mok import reference
 from mok.fast import _lib
-from mok.harness.bits import assert_bitwise_equal, rel_error
+from mok.testing.bits import assert_bitwise_equal, rel_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sanitizer_log import summary_problem  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
 SCRIPT = """
 import os, torch, mok.fast
-from mok.harness.cases import MoEConfig, make_inputs, with_stacked_gate_up
-from mok.harness.runner import run_layer
+from mok.testing.cases import MoEConfig, make_inputs, with_stacked_gate_up
+from mok.testing.runner import run_layer
 for variant in [*map(str, range(mok.fast._lib.NUM_GEMM_VARIANTS)), ""]:  # every tile variant forced, then the rule
     os.environ["MOK_FAST_GEMM_VARIANT"] = variant
     for cfg, routing in [(MoEConfig(T=37, H=64, I=32, E=4, K=2, S=16), "random"),
@@ -47,8 +47,8 @@ print("SANITIZER_SCRIPT_DONE")
 
 
 EP_SCRIPT = """
-from mok.harness.cases import MoEConfig, make_inputs
-from mok.harness.dist import run_world
+from mok.testing.cases import MoEConfig, make_inputs
+from mok.testing.dist import run_world
 for cfg in (MoEConfig(T=32, H=64, I=32, E=4, K=2, S=16), MoEConfig(T=18, H=64, I=32, E=4, K=3, S=0)):
     run_world(make_inputs(cfg, seed=3), 2, impl="fast", device="cuda")
 print("SANITIZER_SCRIPT_DONE")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mok.fast import _lib
-from mok.harness.bits import assert_bitwise_equal
+from mok.testing.bits import assert_bitwise_equal
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 

@@ -9,8 +9,8 @@ import torch
 
 import mok.fast as fast
 from mok.fast import _lib, _tiles
-from mok.harness.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
-from mok.harness.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
+from mok.testing.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
+from mok.testing.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
