@@ -20,7 +20,7 @@ using bf16 = __nv_bfloat16;
 // Threads for a per-token kernel: the token's H / 8 vectors spread evenly over at most kTokenThreads threads (a
 // multiple of 32, at least 64). A model constant (H) only, so batch invariant. At most 256 rather than one vector
 // per thread: more, smaller blocks per SM keep loads in flight while other blocks wait on their per-token tables
-// (benchmarks/RESULTS.md run 11: DeepSeek-V3's H = 7168 combine 0.31 -> 0.28 ms, Mixtral-8x7B's 0.098 -> 0.085 ms).
+// (DeepSeek-V3's H = 7168 combine 0.31 -> 0.28 ms against one vector a thread, Mixtral-8x7B's 0.098 -> 0.085 ms).
 constexpr int kTokenThreads = 256;
 inline int token_threads(int H) {
   const int n = H / 8, per = (n + kTokenThreads - 1) / kTokenThreads;

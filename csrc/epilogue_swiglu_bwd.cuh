@@ -7,8 +7,8 @@
 //   D_l[r, c] = bf16(da * p), D_l[r, N + c] = bf16(da * q)   (row stride ldd)
 // (swiglu_math.cuh: the bits of swiglu_bwd_k applied to the d_a GEMM's result). Each output element
 // still comes from one CTA's accumulator walking K in order: bitwise reproducible, batch invariant.
-// Opt-in (MOK_FAST_FUSE_SWIGLU_BWD=1): it saves the fp32 d_a buffer but measured 1-5% slower end to end than
-// the separate kernel, as this epilogue does not overlap the tensor cores (docs/fast_path.md).
+// The kind's cooperative variants (0, 1) run it; the ping-pong variants, which the tile rule picks, run
+// epilogue_swiglu_bwd_loaded.cuh (docs/fast_path.md).
 #pragma once
 #include <cuda_bf16.h>
 

@@ -38,10 +38,10 @@ using namespace cute;
 // The order in which the persistent CTAs walk the output tiles (CUTLASS's group tile scheduler: raster along M
 // or N inside each group, swizzle 1/2/4/8). Only which CTA computes which tile changes, never how a tile is
 // computed, so every choice gives the same bits. CUTLASS's default (along M, swizzle 1) unless
-// MOK_FAST_GEMM_RASTER=M|N or MOK_FAST_GEMM_SWIZZLE=1|2|4|8 say otherwise (a benchmark knob: no raster was
-// faster, benchmarks/RESULTS.md run 8); read at each launch. Returns false for any other value. The swizzle is
-// passed on but never takes effect: the group scheduler lays the tiles of all groups out as one row, (CTAs, 1),
-// and takes a swizzle of 1 for a problem one tile wide (benchmarks/RESULTS.md run 44).
+// MOK_FAST_GEMM_RASTER=M|N or MOK_FAST_GEMM_SWIZZLE=1|2|4|8 say otherwise (a benchmark knob: along N made whole
+// steps 19-39% slower); read at each launch. Returns false for any other value. The swizzle is passed on but
+// never takes effect: the group scheduler lays the tiles of all groups out as one row, (CTAs, 1), and takes a
+// swizzle of 1 for a problem one tile wide.
 template <class SchedulerArgs>
 inline bool tile_order(SchedulerArgs& sched) {
   using cutlass::gemm::kernel::detail::RasterOrderOptions;
@@ -405,7 +405,7 @@ using EpiPingpong = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 
 // The fused gate/up + SwiGLU kind shares B in variants 1 and 2 too (mainloop_gate_up.cuh multicasts each CTA's
 // share of both half tiles). (A ping-pong 128x128 tile for it, halves of 64, was 1-7% slower end to end on four
-// of five shapes: benchmarks/RESULTS.md run 9.)
+// of five shapes.)
 template <class LA, class LB, class ED, int V, Epi kEpi = Epi::kLinear, bool kKHalves = false>
 struct VariantOf {
   static_assert(V >= 0 && V < MOK_GEMM_NUM_VARIANTS, "tile variant out of range");

@@ -1,6 +1,6 @@
 """Hopper (sm_90a) fast path of the MoE layer and its router: same signature, return order and
 properties as `mok.reference` (docs/layer.md, docs/determinism.md), built from CUTLASS grouped GEMMs
-and small deterministic kernels (csrc/, shipped inside this package, built on first use).
+and small deterministic kernels (csrc/, shipped in the wheel as mok/_csrc, built on first use).
 
 One GPU, or W ranks with expert parallelism (`group`; docs/expert_parallel.md: peer buffers over CUDA
 IPC, ranks waiting for each other on the device, bits independent of W). See docs/fast_path.md for the

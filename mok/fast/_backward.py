@@ -95,8 +95,9 @@ def d_act_swiglu(ctx: FastContext, dy, go_RH, rd, sd):
 
 
 def d_act_swiglu_fused(ctx: FastContext, dy, go_RH, rd, sd):
-    """`d_act_swiglu` in one launch (GEMM_NN_SWIGLU_BWD; large experts, or MOK_FAST_FUSE_SWIGLU_BWD=1): the SwiGLU
-    backward in the d_a GEMMs' epilogue, so the fp32 da [R, I] is never written (benchmarks/RESULTS.md runs 15, 16)."""
+    """`d_act_swiglu` in one launch (GEMM_NN_SWIGLU_BWD; wherever 8 splits I and S, unless
+    MOK_FAST_FUSE_SWIGLU_BWD=0): the SwiGLU backward in the d_a GEMMs' epilogue, so the fp32 da [R, I] is never
+    written."""
     d, dev = ctx.dims, (go_RH if go_RH is not None else dy).device
     dgu = None if go_RH is None else _empty(dev, torch.bfloat16, go_RH.shape[0], 2 * d.I)
     dgu_s = _empty(dev, torch.bfloat16, d.T, 2 * d.S) if d.S and dy is not None else None
@@ -325,8 +326,8 @@ def run_backward(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate
     dx_rows = [dx_RH, dxs]
     del dx_RH, dxs
 
-    def after_gate_up():  # the combine, queued before the far longer gate/up gradients: this wait cost nothing
-        main.wait_stream(side)  # measurable (benchmarks/RESULTS.md run 29, ab-wait); it orders the poison too
+    def after_gate_up():  # the combine, queued before the far longer gate/up gradients: this wait costs nothing
+        main.wait_stream(side)  # measurable in whole steps; it orders the poison too
         dx_rows.clear()  # stream-ordered now: the caching allocator may hand the d_x rows to the down gradients
         release(release_saved, ctx.x_RH)
 

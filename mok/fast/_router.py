@@ -21,8 +21,8 @@ from ._checks import check_cuda
 from ._lib import Operand, Segment
 
 
-_on_cuda = check_cuda  # the layer's device check; the CPU stand-ins (tests/fast_emulator.py,
-# benchmarks/host_cost.py) replace this name for the router's functions
+_on_cuda = check_cuda  # the layer's device check; CPU tests with stand-in kernels (tests/fast/test_errors_cpu.py)
+# replace this name for the router's functions
 
 
 def _on_cuda_tensor(name: str, t) -> None:

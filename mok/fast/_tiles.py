@@ -4,70 +4,32 @@ whether the gate/up and d_a GEMMs take the SwiGLU forward and backward into thei
 Chosen from the GEMM's kind and the layer's model constants only (H, I: never the token count; the fused gate/up
 kind also from the card's name), so a layer runs the same kernels whatever its batch; every variant walks K in the
 same order with one CTA per output tile, so all give the same bits anyway (tests/gpu/test_fast_tiles.py checks it).
+The rule, each choice with the measurement behind it (docs/fast_path.md, "GEMM tile variants"):
 
-The rule, from one profile of every GEMM under each variant (benchmarks/RESULTS.md, run 6; `python
-benchmarks/profile_fast.py` with MOK_FAST_GEMM_VARIANT set): the weight-gradient GEMMs run ping-pong
-128x192 in 2x1 clusters on every shape measured (6-22% faster), or since run 19 the same tile with its sides
-swapped, 192x128 in 1x2 clusters, where that covers fewer output elements (`wgrad_variant`: the gate/up gradients
-[I, H] of Qwen3-30B-A3B, mid-64e and Mixtral-8x7B, whose H = 2048 or 4096 is no multiple of 192; the down gradients
-[H, I] of the DeepSeek-V3 slice and OLMoE-1B-7B); the forward and d_x GEMMs run
-ping-pong 128x192 when the routed intermediate size is at most PINGPONG_MAX_I (I <= 1024: 3-9% faster per GEMM on
-Qwen3-30B-A3B, run 6; I = 1408 and 1536, GLM-4.5-Air and mid-64e: 0.4-0.9% faster steps at steady state, run 22),
-else the cooperative 128x256 tile (I = 2048 a tie in run 16; Mixtral-8x7B's I = 14336, whose down and d_x
-reductions are long: each about 10% faster in it, run 6). Since run 41 the down and d_x GEMMs (GEMM_TN_BF16,
-GEMM_NN_BF16) of layers with TALL_MIN_I <= I <= PINGPONG_MAX_I and H <= TALL_MAX_H run the cooperative 256x128 tile
-in 1x2 clusters instead (the two CTAs of a cluster share A, SonicMoE's tile for them): whole steps on an H100
-(`python benchmarks/energy_probe.py`, two interleaved rounds, burst / steady ms, benchmarks/RESULTS.md run 41)
-0.6-9.5% / 0.4-4.8% faster on Qwen3-235B-A22B, OLMoE-1B-7B, DeepSeek-V2-Lite, GLM-4.5-Air, Qwen1.5-MoE-A2.7B and
-mid-64e, a tie on Qwen3-30B-A3B (-0.8% / +1.1%); slower where I = 512 (Granite-3.0-3B-A800M steady +2.2%) and on
-DeepSeek-V2 (H = 5120: +4.9% / +1.5%), which keep the rule above; the d_x launch alone 1.48 -> 1.30 ms on
-Qwen3-30B-A3B. Nor does either kind alone gain outside that range (run 43: the down or the d_x kind in variant 5
-on the DeepSeek-V3 slice, DeepSeek-V2, Mixtral-8x7B and Qwen2-57B-A14B, level or up to 2.6% slower).
+- Weight gradients (GEMM_TT_F32 / GEMM_TT_BF16): ping-pong 128x192 in 2x1 clusters (6-22% faster than the
+  cooperative tile on every shape profiled), or the same tile with its sides swapped, 192x128 in 1x2 clusters,
+  where that covers fewer output elements (`wgrad_variant`; Mixtral-8x7B's gate/up gradient 6.25 -> 6.13 ms).
+- The other row-tiled GEMMs: ping-pong 128x192 when I <= PINGPONG_MAX_I (short reductions: 3-9% faster GEMMs on
+  Qwen3-30B-A3B, 0.4-0.9% faster steps at I = 1408 and 1536), else cooperative 128x256 (Mixtral-8x7B's long down
+  and d_x reductions about 10% faster in it). The down and d_x GEMMs (GEMM_TN_BF16, GEMM_NN_BF16) of layers with
+  TALL_MIN_I <= I <= PINGPONG_MAX_I and H <= TALL_MAX_H run the cooperative 256x128 tile in 1x2 clusters instead
+  (the two CTAs of a cluster share A): whole steps on an H100 0.6-9.5% faster in a burst and 0.4-4.8% at steady
+  state on six such shapes; slower where I = 512 and at H = 5120, level or slower above PINGPONG_MAX_I.
+- d_a (GEMM_NN_SWIGLU_BWD, wherever 8 splits I and S): the SwiGLU backward in the epilogue of the ping-pong tile
+  without clusters, [dg | du] in bf16 from the accumulators and the forward's [p | q] = [u * silu'(g) | silu(g)]
+  (copied ahead by the kernel's epilogue load warp, csrc/epilogue_swiglu_bwd_loaded.cuh), so the fp32 d_a [R, I]
+  is never written nor read back by the swiglu_bwd kernel; the same bits. Alone it takes 0.79 ms on Qwen3-30B-A3B
+  against the pair's 0.99, and whole steps are faster on every shape measured. Its 2x1-cluster variant tied the
+  rule in whole steps; 1x2 clusters sharing the go rows were 6-27% slower alone on five of six shapes.
+- Gate/up (GEMM_TN_SWIGLU_FWD, when the layer's gate and up weights are the halves of one tensor or two tensors
+  it can read, `_checks.gate_up_halves`, and 8 splits I and S): the SwiGLU in the epilogue, so no fp32 [g | u] is
+  read back by a separate kernel (1.002-1.044x faster steps); the cooperative 128x256 tile where I > PINGPONG_MAX_I
+  and H >= FUSED_GATE_UP_COOP_MIN_H (1.3-7.9% faster steps on an H100 for such layers, 1.6-3.2% slower on
+  Qwen3-30B-A3B), else ping-pong 128x192; ping-pong for every layer on a card named in FUSED_GATE_UP_PINGPONG_CARDS
+  (on an H200 ping-pong was 0.9-2.2% faster on the large-expert layers). The tile's halves (96 or 128 columns)
+  need not split I: in the last tile they run past it and the epilogue stores nothing there.
 
-Every layer (8 splitting I and S) runs the d_a GEMM with the SwiGLU backward in its epilogue (GEMM_NN_SWIGLU_BWD:
-[dg | du] in bf16 straight from the accumulators, so the fp32 d_a [R, I] is never written nor read back by the
-swiglu_bwd kernel; the same bits) in the ping-pong tile without clusters, whose epilogue reads the forward's [p | q]
-from shared memory, where the kernel's epilogue load warp has copied it ahead (csrc/epilogue_swiglu_bwd_loaded.cuh;
-since run 30, 0.6-9% faster alone than the consumer's own copies before), and overlaps the other warpgroup's
-mainloop. Since run 27 the forward keeps [p | q] = [u * silu'(g) | silu(g)] instead of [g | u], so that epilogue is
-two products a pair: the d_a step alone went from 0.99 (the pair) to 0.79 ms on Qwen3-30B-A3B, 1.46 to 1.15 on
-OLMoE-1B-7B, 1.45 to 1.18 on mid-64e, and whole steps of Qwen3-30B-A3B and OLMoE-1B-7B, which kept the pair until
-then (I <= 1024), 5-7% faster in a burst and 1.2-1.6% at steady state (benchmarks/RESULTS.md run 27). Before run 27
-(the epilogue took the SiLU of the saved [g | u]), alone it was faster than the pair too (benchmarks/RESULTS.md run
-15, `python benchmarks/bench_d_act.py`: 1.01 -> 1.00 ms on Qwen3-30B-A3B, 1.50 -> 1.20 on mid-64e, 3.85 -> 3.65 on
-the DeepSeek-V3 slice, 3.75 -> 3.14 on Mixtral-8x7B).
-A training step runs at the GPU's power limit, so what sets its speed is the energy a step takes: with steps back
-to back for seconds (`python benchmarks/energy_probe.py`, run 16) the fused launch takes 1.1-3.4% less energy per
-step and 0.7-2.0% less time on mid-64e, the DeepSeek-V3 slice and Mixtral-8x7B, and more of both on Qwen3-30B-A3B
-and OLMoE-1B-7B (I <= 1024), which kept the pair. It also saves that transient R x I x 4 bytes.
-`MOK_FAST_FUSE_SWIGLU_BWD=1` / `=0` fuses wherever 8 splits I and S / nowhere. The fused kind's 2x1-cluster
-variant, faster alone on OLMoE-1B-7B and the DeepSeek-V3 slice (run 27), tied the rule on their whole steps (run 28,
-an H100: 10.60 against 10.57 and 31.25 against 31.20 ms steady), so the rule keeps the ping-pong tile. Nor do the
-kind in 1x2-cluster tiles that share A, the go rows (run 42, an H100, benchmarks/d_a_shared_a_run42.diff, not merged;
-benchmarks/RESULTS.md): variant 4 (this
-ping-pong tile in 1x2 clusters) was 6-27% slower alone on five of six shapes and its steps 1-4% slower on four of
-five (OLMoE-1B-7B the exception: 1.7% faster steady); variant 5 (cooperative 256x128) 20-71% slower alone.
-
-The forward's gate/up GEMM takes the SwiGLU into its epilogue (GEMM_TN_SWIGLU_FWD: the tile's B rows are gate and
-up halves of the same intermediate columns, so no fp32 [g | u] is read back by a separate kernel) when the layer's
-gate and up weights are the halves of one tensor or two tensors it can read (`_checks.gate_up_halves`; since run 31)
-and 8 splits I and S (that kind runs without clusters): since run 34 in the cooperative 128x256 tile where
-I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H, elsewhere in the ping-pong 128x192 tile; since run 35 in the
-ping-pong tile for every layer on a card named in FUSED_GATE_UP_PINGPONG_CARDS (an H200: Mixtral-8x7B 1.7-1.9% faster
-steps there in ping-pong, the DeepSeek-V3 slice a tie; benchmarks/RESULTS.md run 35). Whole steps on an H100,
-interleaved (`python benchmarks/energy_probe.py`, benchmarks/RESULTS.md run 34), cooperative against ping-pong: 1.3-7.9%
-faster on DBRX, Llama-4-Scout, Phi-3.5-MoE, Mixtral-8x7B and the DeepSeek-V3 slice (H >= 4096, I >= 2048), a tie on
-mid-64e (I = 1536) and gpt-oss (H = 2880), 1.6-3.2% slower on Qwen3-30B-A3B. The tile's halves (96 or 128
-columns) need not split I: in the last tile they run past it and the epilogue stores nothing there. Until run 18
-the halves had to split I and S, so the DeepSeek-V3 slice (I = 2048), Mixtral-8x7B (14336) and OLMoE-1B-7B (1024)
-ran the cooperative 128x256 tile, whose epilogue (fp32 [g | u] and bf16 a stored from registers) does not overlap
-the tensor cores. Run 18, the fused launch alone, cooperative -> ping-pong
-(`python benchmarks/bench_gate_up.py`): Mixtral-8x7B 6.35 -> 5.92 ms, OLMoE 1.82 -> 1.70, DeepSeek-V3 slice 6.87 ->
-6.81 (its last tile a third full); whole steps (`python benchmarks/energy_probe.py`, two calls) 1.7-1.9% less time
-steady on Mixtral-8x7B, 2.5-3.0% on OLMoE, 0.3-0.6% on the DeepSeek-V3 slice (benchmarks/RESULTS.md run 18).
-Earlier: fusing at all was 1.023x fwd+bwd on Qwen3-30B-A3B, 1.010x on mid-64e, 1.044x on OLMoE (run 9) and, once the
-SiLU had no division call (csrc/swiglu_math.cuh), 1.021x on the DeepSeek-V3 slice and 1.004x on Mixtral-8x7B in the
-cooperative tile (run 15).
+`MOK_FAST_FUSE_SWIGLU_BWD=1` / `=0` fuses the d_a step wherever 8 splits I and S / nowhere;
 `MOK_FAST_FUSE_SWIGLU_FWD=0` runs the gate/up GEMM and the swiglu_fwd kernel apart everywhere (the same bits).
 
 `MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
@@ -90,8 +52,8 @@ ENV = "MOK_FAST_GEMM_VARIANT"
 FUSE_ENV = "MOK_FAST_FUSE_SWIGLU_BWD"
 FUSE_FWD_ENV = "MOK_FAST_FUSE_SWIGLU_FWD"
 # Half the tile's N in each variant of GEMM_TN_SWIGLU_FWD: the columns of gate (and of up) one tile covers. Its
-# variants 1 and 2 are variants 0 and 3 in 2x1 clusters (B shared by multicast since run 41), variant 4 (a
-# weight-gradient tile) is 3 and variant 5 (a tile of the plain bf16-out kinds) is 0.
+# variants 1 and 2 are variants 0 and 3 in 2x1 clusters (B shared by multicast), variant 4 (a weight-gradient
+# tile) is 3 and variant 5 (a tile of the plain bf16-out kinds) is 0.
 HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPONG: 96, PINGPONG_TALL_1X2: 96,
                COOPERATIVE_TALL_1X2: 128}
 # The rows and columns of output one cluster covers in the weight-gradient kinds' two candidate variants (CUTLASS's
@@ -99,16 +61,17 @@ HALF_TILE_N = {COOPERATIVE: 128, COOPERATIVE_2X1: 128, PINGPONG_2X1: 96, PINGPON
 WGRAD_CLUSTER_MN = {PINGPONG_2X1: (256, 192), PINGPONG_TALL_1X2: (192, 256)}
 PINGPONG_MAX_I = 1536  # at or below: the row-tiled GEMMs' reductions (K = I or 2I) are short, ping-pong pays
 # The down and d_x GEMMs run COOPERATIVE_TALL_1X2 where TALL_MIN_I <= I <= PINGPONG_MAX_I and H <= TALL_MAX_H
-# (benchmarks/RESULTS.md run 41; below TALL_MIN_I their reductions are a few K tiles, where the ping-pong tile's
-# epilogue overlap pays, and DeepSeek-V2's H = 5120 ran slower in it)
+# (below TALL_MIN_I their reductions are a few K tiles, where the ping-pong tile's epilogue overlap pays, and
+# DeepSeek-V2's H = 5120 ran 4.9% slower in it)
 TALL_MIN_I = 768
 TALL_MAX_H = 4096
 # The fused gate/up + SwiGLU GEMM (reduction K = H) runs the cooperative tile where I > PINGPONG_MAX_I and H is at
-# least this (benchmarks/RESULTS.md run 34), except on the cards below
+# least this, except on the cards below
 FUSED_GATE_UP_COOP_MIN_H = 4096
 # Cards (a substring of the CUDA device's name) on which that kind keeps the ping-pong tile for every layer: on an
-# H200 (4.8 TB/s of HBM3e) it stayed faster for Mixtral-8x7B and tied on the DeepSeek-V3 slice (benchmarks/RESULTS.md
-# runs 18 and 35), where on an H100 (3.35 TB/s of HBM3) the cooperative tile is 1.3-7.9% faster (run 34)
+# H200 (4.8 TB/s of HBM3e) it is 0.9-2.2% faster for Mixtral-8x7B, Mixtral-8x22B, DBRX, Llama-4-Scout and
+# Phi-3.5-MoE and ties on the DeepSeek-V3 slice, where on an H100 (3.35 TB/s of HBM3) the cooperative tile is
+# 1.3-7.9% faster
 FUSED_GATE_UP_PINGPONG_CARDS = ("H200",)
 
 
@@ -138,7 +101,7 @@ def _parse(text: str) -> tuple[int | None, ...] | None:
 
 def fuse_swiglu_bwd(I: int, S: int) -> bool:
     """Whether a layer of routed and shared intermediate sizes I and S (0: none) runs the fused d_a + SwiGLU-backward
-    GEMM: always (benchmarks/RESULTS.md run 27), unless MOK_FAST_FUSE_SWIGLU_BWD says "0" (never); never when 8 does
+    GEMM: always, unless MOK_FAST_FUSE_SWIGLU_BWD says "0" (never); never when 8 does
     not split I and S (the kind copies [p | q] in 16-byte chunks). ValueError naming the variable for a value other
     than 0 or 1."""
     forced = _switch(FUSE_ENV, None)
@@ -207,7 +170,7 @@ def variant(kind: int, H: int, I: int, device=None) -> int:
         large = I > PINGPONG_MAX_I and H >= FUSED_GATE_UP_COOP_MIN_H
         return COOPERATIVE if large and not gate_up_pingpong_card(device) else PINGPONG
     if kind in (_lib.GEMM_TN_BF16, _lib.GEMM_NN_BF16) and TALL_MIN_I <= I <= PINGPONG_MAX_I and H <= TALL_MAX_H:
-        return COOPERATIVE_TALL_1X2  # the down and d_x GEMMs of mid-sized experts (run 41)
+        return COOPERATIVE_TALL_1X2  # the down and d_x GEMMs of mid-sized experts
     return PINGPONG if I <= PINGPONG_MAX_I else COOPERATIVE
 
 

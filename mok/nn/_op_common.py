@@ -4,8 +4,8 @@ the backends, the once-per-step bf16 rounding of float32 inputs, and the eager p
 Eager path: a plain eager call (every tensor argument a plain tensor or parameter with data, nothing being
 compiled) runs an op's Python body through a `torch.autograd.Function` built by `eager_function` from the op's
 own setup and backward functions, instead of the registered custom op, whose torch.library autograd wrapper
-(pytree, defaults, a second dispatch) cost about as much host time as the layer's own Python at a small batch
-(benchmarks/RESULTS.md run 12). The registered ops are what torch.compile, export, meta tensors and tensor
+(pytree, defaults, a second dispatch) cost about as much host time as the layer's own Python at a small batch.
+The registered ops are what torch.compile, export, meta tensors and tensor
 subclasses see; the same functions run either way, so the bits are the same.
 """
 
@@ -89,7 +89,7 @@ def _parts(cast: Tensor, n: int) -> list[Tensor]:
 def _casts(tensors: list, plan, cast_pair=None) -> list[Tensor]:
     """The bf16 roundings of `plan`'s groups (a pair's written into one tensor, gate rows first).
     cast_pair(first, second, out): the backend's kernel for a contiguous CUDA pair (PyTorch's copy into
-    the strided halves runs without vector stores: benchmarks/bench_gate_up_cast.py), the same bits."""
+    the strided halves runs without vector stores: 0.98 against 0.59 ms on Qwen3-30B-A3B), the same bits."""
     out = []
     for group in plan:
         cast = torch.empty(_cast_shape(tensors, group), dtype=torch.bfloat16, device=tensors[group[0]].device)

@@ -244,7 +244,7 @@ def router_losses_of_router(scores_TE: Tensor, logits_TE: Tensor, topk_idx_TK: T
     """`router_losses` of a routing `router` has just made (mok.MoE's forward): the same values and checks but for
     the ids' range, which holds by construction. Checking it costs a host synchronisation on the reference
     backend and, on the fast one, six small kernels each way: 0.13 / 0.26 ms of host time a step (min / median of
-    eight runs each, `python benchmarks/host_cost.py --module` at DeepSeek-V2-Lite's shape, T = 64, the C calls
-    stubbed on a CPU box). Arguments as `router_losses`."""
+    eight timings at DeepSeek-V2-Lite's shape, T = 64, the C calls stubbed on a CPU). Arguments as
+    `router_losses`."""
     _check_losses_args(scores_TE, logits_TE, topk_idx_TK, score, backend)
     return apply(router_losses_fwd, _Losses, scores_TE, logits_TE, topk_idx_TK, score, backend, False)
