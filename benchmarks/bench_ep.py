@@ -72,10 +72,10 @@ def _kernel_ms(fn, names: tuple) -> dict:
 
 
 def _baseline_step(x, idx, w, weights, group, W, L, backward: bool, dy=None):
-    """all_to_all_single dispatch -> the grouped_mm path (baselines.py) on the local experts, one row per
+    """all_to_all_single dispatch -> the grouped_mm path (peers.py) on the local experts, one row per
     received pair -> all_to_all_single back -> fp32 weighted combine."""
     import torch.distributed.nn.functional as dnf
-    from baselines import grouped_mm_path
+    from peers import grouped_mm_path
 
     rg, ru, rd = weights
     T, H = x.shape

@@ -1,4 +1,6 @@
-"""What a user training through the module pays (`python benchmarks/bench_moe.py --module`).
+"""What a user training through the module pays: a training step of mok.MoE against a plain PyTorch MoE module.
+
+    python benchmarks/bench_module.py [--suite] [--configs a,b] [--record]
 
 For each config, one forward+backward of:
   mok.MoE(backend="fast")  router + both router losses + layer, bf16 and fp32 (master) parameters;
@@ -13,14 +15,20 @@ gradients and everything its step keeps count; x and dy (shared by all) do not.
 """
 from __future__ import annotations
 
+import argparse
 import gc
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import mok
-import mok.fast
-from baselines import grouped_mm_path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mok  # noqa: E402
+import mok.fast  # noqa: E402
+import results  # noqa: E402
+from bench_moe import CONFIGS, SUITE, bf16_peak_tflops, load_configs, named_configs, timed  # noqa: E402
+from peers import grouped_mm_path  # noqa: E402
 
 LAYER_ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down", "routed_gate",
               "routed_up", "routed_down")
@@ -141,3 +149,44 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
                   f"{pl:.2f} | {pl / mb:.2f}x / {pl / mf:.2f}x | {100 * r['tflops'][f'module bfloat16 {mode}'] / peak:.0f}% | "
                   f"{r['peak_gib']['module']:.2f} / {r['peak_gib']['plain']:.2f} |")
     return rows
+
+
+def result_rows(rows: list[dict], configs: list[dict], header: dict, peak: float) -> list[dict]:
+    """The results file's rows of `run`'s output: mok.MoE (bf16 parameters) and the plain module, queued timing."""
+    out = []
+    for r, c in zip(rows, configs):
+        for method, key, mem in (("mok.MoE", "module bfloat16 stream", "module"), ("plain", "plain stream", "plain")):
+            tflops = r["tflops"][key]
+            out.append(dict(header, benchmark="module", shape=c["name"], **{k: c[k] for k in "THIEKS"},
+                            routing="router", method=method, fwd_bwd_ms=r[key], fwd_bwd_tflops=tflops,
+                            peak_tflops=peak, pct_of_peak=100 * tflops / peak, peak_gib=r["peak_gib"][mem]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", action="store_true", help="the public model shapes of suite.json")
+    ap.add_argument("--configs", default="", help="comma-separated shape names (default: every shape of the file)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before each timing")
+    ap.add_argument("--reps", type=int, default=10, help="timed steps; the median is reported")
+    ap.add_argument("--record", action="store_true", help="append the rows to benchmarks/results.csv")
+    ap.add_argument("--results", default="", help="append the rows to this CSV instead (implies --record)")
+    a = ap.parse_args()
+    files = (SUITE if a.suite else CONFIGS,)
+    try:
+        configs = named_configs(a.configs, files) if a.configs else load_configs(files[0])
+    except ValueError as e:
+        ap.error(f"--{e}")
+    header = results.run_header()
+    peak = bf16_peak_tflops()
+    print(f"device {header['gpu']}, torch {header['torch']}, commit {header['commit']}, {header['run']}; "
+          f"bf16 peak {peak:.0f} TFLOP/s")
+    rows = run(configs, timed, peak, a.warmup, a.reps)
+    if a.record or a.results:
+        path = Path(a.results) if a.results else results.RESULTS
+        results.append(result_rows(rows, configs, header, peak), path)
+        print(f"appended {2 * len(rows)} rows to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,17 +1,17 @@
-"""Benchmark mok.fast against the grouped_mm path and the naive loop (baselines.py; results in RESULTS.md).
+"""The layer against its peers: mok.fast forward and forward+backward beside the grouped_mm path (what a user would
+write with `torch._grouped_mm`), SonicMoE (when installed) and a naive per-expert loop, on the same inputs.
 
-For each config of benchmarks/configs.json (and the skewed routing case) it checks every method's
-output y and d_x against an fp32 plain implementation, then times forward and forward+backward with
-CUDA events (median of --reps after --warmup), and prints ms, TFLOP/s, ratio to mok, the fraction of
-the bf16 peak measured in the same run (8192^3 matmul) and peak GPU memory.
+For each shape it first checks every method's y and d_x against an fp32 plain implementation, then times forward and
+forward+backward with CUDA events (median of --reps after --warmup) and prints ms, TFLOP/s, the fraction of the bf16
+matmul peak measured in the same run (8192^3), the time ratio to mok and the peak GPU memory.
 
-Usage: python benchmarks/bench_moe.py [--configs a,b] [--routings random,skewed] [--methods mok,grouped_mm,naive]
-       (method mok_gu: mok with gate and up passed as the halves of one [gate; up] tensor; method sonic: SonicMoE,
-       sonic_peer.py, on configs without a shared expert)
-       python benchmarks/bench_moe.py --suite   (public model shapes of suite.json, mok vs grouped_mm, random routing)
-       [--no-shared]   (every config without its shared expert)
-       [--timing stream]   (reps queued back to back instead of one at a time; see `timed`)
-       python benchmarks/bench_moe.py --module   (mok.MoE vs the mok.fast layer vs a plain PyTorch module)
+    python benchmarks/bench_moe.py --suite --no-shared --record   # the public model shapes of suite.json, appended
+                                                                  # to benchmarks/results.csv (docs/results.md)
+    python benchmarks/bench_moe.py [--configs a,b] [--methods mok,grouped_mm,sonic,naive] [--routings random,skewed]
+
+Methods: mok; mok_gu (mok with gate and up as the halves of one [gate; up] tensor, as mok.MoE and transformers pass
+them); grouped_mm; sonic (SonicMoE 0.1.2 through peers.py; routed experts only, so shapes with a shared expert skip
+it, saying so); naive. --suite runs mok, grouped_mm and, when `sonicmoe` imports, sonic.
 """
 from __future__ import annotations
 
@@ -20,9 +20,7 @@ import functools
 import gc
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import mok.fast  # noqa: E402
-from baselines import grouped_mm_path, naive_loop  # noqa: E402
-from sonic_peer import require_sonic, sonic_forward, sonic_leaves  # noqa: E402
+import results  # noqa: E402
+from peers import grouped_mm_path, naive_loop, require_sonic, sonic_available, sonic_forward, sonic_leaves  # noqa: E402
 from mok.testing.bits import rel_error  # noqa: E402
 from mok.testing.cases import MoEConfig, make_routing, with_stacked_gate_up  # noqa: E402
 from mok.testing.plain import moe_plain  # noqa: E402
@@ -120,7 +118,7 @@ def bf16_peak_tflops() -> float:
 
 
 def call_with_args(fn, leaves: dict):
-    """fn (a baseline of baselines.py) called on leaves[a] for a in ARGS (leaves: name -> tensor or None, the
+    """fn (a peer of peers.py) called on leaves[a] for a in ARGS (leaves: name -> tensor or None, the
     method's autograd leaves: bf16 [T, H] x, int64 [T, K] ids, fp32 [T, K] weights, bf16 weights)."""
     return fn(*(leaves[a] for a in ARGS))
 
@@ -134,7 +132,7 @@ class Method:
             self.inp = with_stacked_gate_up(inp)
         # self.fn closes over the leaves, never over self: a Method in a reference cycle outlives `del` until the
         # garbage collector runs, maybe inside the next method's timed calls, whose peak then loses those bytes
-        if name == "sonic":  # SonicMoE's layer on the same inputs, its own weight layout (sonic_peer.py)
+        if name == "sonic":  # SonicMoE's layer on the same inputs, its own weight layout (peers.py)
             self.leaves = sonic_leaves(inp)
             self.fn = functools.partial(sonic_forward, self.leaves)
         elif not name.startswith("mok"):
@@ -193,10 +191,10 @@ def losses(rows: list[dict]) -> list[str]:
         if not m["method"].startswith("mok"):
             continue
         for p in rows:
-            if p["method"].startswith("mok") or (p["config"], p["routing"]) != (m["config"], m["routing"]):
+            if p["method"].startswith("mok") or (p["shape"], p["routing"]) != (m["shape"], m["routing"]):
                 continue
-            lost = [name for name, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fb_ms")) if p[key] < m[key]]
-            where = f"{m['config']} {m['routing']} {m['method']} vs {p['method']}"
+            lost = [name for name, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fwd_bwd_ms")) if p[key] < m[key]]
+            where = f"{m['shape']} {m['routing']} {m['method']} vs {p['method']}"
             if lost:
                 slower.append(f"{where} ({', '.join(lost)})")
             if p["peak_gib"] < m["peak_gib"]:
@@ -208,7 +206,7 @@ def losses(rows: list[dict]) -> list[str]:
 def mok_row(rows: list[dict], r: dict) -> dict | None:
     """The row the ratio column divides by for row `r`: mok's of the same config and routing, or mok_gu's when mok
     was not run; None when neither was."""
-    same = [q for q in rows if (q["config"], q["routing"]) == (r["config"], r["routing"])]
+    same = [q for q in rows if (q["shape"], q["routing"]) == (r["shape"], r["routing"])]
     return next((q for name in ("mok", "mok_gu") for q in same if q["method"] == name), None)
 
 
@@ -222,50 +220,36 @@ def oracle(inp: dict):
     return y.detach(), leaves["x"].grad
 
 
-def git_rev() -> str:
-    """Short commit (MOK_COMMIT wins, for copies of the tree without .git), '+uncommitted changes' if dirty."""
-    import os
-    if os.environ.get("MOK_COMMIT"):
-        return os.environ["MOK_COMMIT"]
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "mok", "benchmarks"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return (rev.stdout.strip() or "uncommitted") + ("+uncommitted changes" if dirty else "")
-    except OSError:
-        return "unknown"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", default="")
-    ap.add_argument("--routings", default="random,skewed")
+    ap.add_argument("--configs", default="", help="comma-separated shape names (default: every shape of the file)")
+    ap.add_argument("--routings", default="random,skewed", help="random, skewed (half of the tokens pick expert 0), "
+                    "balanced; --suite: random")
     ap.add_argument("--skewed-configs", default="qwen3-30b-a3b", help="configs also run with skewed routing")
-    ap.add_argument("--methods", default="mok,grouped_mm,naive")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--methods", default="", help="default: mok,grouped_mm,naive; with --suite mok,grouped_mm and "
+                    "sonic when sonicmoe imports")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed calls before each timing")
+    ap.add_argument("--reps", type=int, default=10, help="timed calls; the median is reported")
     ap.add_argument("--timing", choices=["sync", "stream"], default="sync",
                     help="sync: the host waits for each rep (one isolated call, host latency included; default); "
                          "stream: reps queued back to back, one wait at the end (as a training loop and "
                          "triton.testing.do_bench run)")
-    ap.add_argument("--json", default="")
-    ap.add_argument("--module", action="store_true",
-                    help="time mok.MoE (router + losses + layer) against the layer alone and a plain PyTorch module")
     ap.add_argument("--suite", action="store_true",
                     help="the public model shapes of suite.json (Mixtral, Qwen3, OLMoE, DeepSeek, Phi-3.5-MoE, Granite, "
-                         "GLM-4.5-Air), mok vs grouped_mm")
+                         "GLM-4.5-Air, Llama 4, DBRX, gpt-oss, Grok-1)")
     ap.add_argument("--no-shared", action="store_true",
-                    help="drop every config's shared expert (S = 0), as issue 13's table and SonicMoE's layer have it")
+                    help="drop every shape's shared expert (S = 0): the routed experts alone, which SonicMoE's layer is")
     ap.add_argument("--weight-grads", choices=["fp32", "bf16"], default="",
                     help="dtype of mok's weight gradients (default fp32; bf16 with --suite, like grouped_mm's "
                          "gradients of bf16 weights and like mok.MoE with bf16 parameters)")
+    ap.add_argument("--record", action="store_true", help="append the rows to benchmarks/results.csv")
+    ap.add_argument("--results", default="", help="append the rows to this CSV instead (implies --record)")
     a = ap.parse_args()
     wgrad = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.weight_grads or ("bf16" if a.suite else "fp32")]
-    if a.suite:  # its defaults; what the user passed stays
-        if a.routings == ap.get_default("routings"):
-            a.routings = "random"
-        if a.methods == ap.get_default("methods"):
-            a.methods = "mok,grouped_mm"
+    if a.suite and a.routings == ap.get_default("routings"):
+        a.routings = "random"
+    if not a.methods:
+        a.methods = ("mok,grouped_mm" + (",sonic" if sonic_available() else "")) if a.suite else "mok,grouped_mm,naive"
     configs = load_configs(SUITE if a.suite else CONFIGS)
     if a.configs:  # in the order given; a name the file does not hold is refused, not skipped
         try:
@@ -275,26 +259,20 @@ def main() -> None:
     if a.no_shared:
         configs = [dict(c, S=0) for c in configs]
     methods = a.methods.split(",")
+    unknown = [m for m in methods if m not in ("mok", "mok_gu", "grouped_mm", "sonic", "naive")]
+    if unknown:
+        ap.error(f"--methods: unknown {unknown}; expected mok, mok_gu, grouped_mm, sonic, naive")
     if "sonic" in methods:
-        shared = [c["name"] for c in configs if c["S"]]
-        if shared:
-            ap.error(f"--methods sonic: SonicMoE's layer has no shared expert, and {', '.join(shared)} "
-                     "has one; add --no-shared")
         require_sonic("--methods sonic")
+    record = Path(a.results) if a.results else (results.RESULTS if a.record else None)
+    header = results.run_header()
     peak = bf16_peak_tflops()
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, commit {git_rev()}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"device {header['gpu']}, torch {header['torch']}, CUDA {header['cuda']}, commit {header['commit']}, "
+          f"{header['run']}")
     print(f"bf16 peak (8192^3 matmul, median of 10): {peak:.0f} TFLOP/s")
     print(f"mok weight gradients: {str(wgrad).removeprefix('torch.')} (grouped_mm: the weights' dtype, bf16)")
     print(f"timing: {a.timing} (" + ("the host waits for each rep" if a.timing == "sync" else
                                      "reps queued back to back, one wait at the end") + ")")
-    if a.module:
-        import bench_module
-
-        rows = bench_module.run(configs, timed, peak, a.warmup, a.reps)
-        if a.json:
-            Path(a.json).write_text(json.dumps(dict(peak_tflops=peak, rows=rows), indent=1))
-        return
     rows = []
     for c in configs:
         for routing in a.routings.split(","):
@@ -305,6 +283,10 @@ def main() -> None:
             y_ref, dx_ref = oracle(inp)
             torch.cuda.empty_cache()
             for m in methods:
+                if m == "sonic" and c["S"]:
+                    print(f"  {c['name']:16s} {routing:7s} sonic      skipped: SonicMoE's layer has no shared expert "
+                          f"(S = {c['S']}; --no-shared runs the routed experts alone)")
+                    continue
                 meth = Method(m, inp, wgrad)
                 y, dx = meth.fwd_bwd()
                 ey, edx = rel_error(y, y_ref), rel_error(dx, dx_ref)
@@ -313,18 +295,20 @@ def main() -> None:
                 if not ok:
                     print(f"CHECK FAILED {c['name']} {routing} {m}: y err {ey:.2e}, d_x err {edx:.2e}")
                     continue
-                reps = a.reps
                 meth.clear_grads()
                 gc.collect()  # nothing of an earlier method left to be freed inside this one's timed calls
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 resident = torch.cuda.memory_allocated()  # this method's inputs, and what the others share
-                t_f = timed(meth.fwd, a.warmup, reps, a.timing)
-                t_fb = timed(meth.fwd_bwd, a.warmup, reps, a.timing)
+                t_f = timed(meth.fwd, a.warmup, a.reps, a.timing)
+                t_fb = timed(meth.fwd_bwd, a.warmup, a.reps, a.timing)
                 mem = peak_gib(torch.cuda.max_memory_allocated(), resident, meth.input_bytes())
-                rows.append(dict(config=c["name"], routing=routing, method=m, fwd_ms=t_f, fb_ms=t_fb,
-                                 fwd_tflops=fwd_flops / t_f / 1e9, fb_tflops=3 * fwd_flops / t_fb / 1e9,
-                                 peak_gib=mem, err_y=ey, err_dx=edx))
+                tflops = 3 * fwd_flops / t_fb / 1e9
+                rows.append(dict(header, benchmark="layer", shape=c["name"], **{k: c[k] for k in "THIEKS"},
+                                 routing=routing, method=m, fwd_ms=t_f, fwd_bwd_ms=t_fb, fwd_bwd_tflops=tflops,
+                                 peak_tflops=peak, pct_of_peak=100 * tflops / peak, peak_gib=mem))
+                if record:  # row by row, so a run cut short keeps what it measured
+                    results.append(rows[-1:], record)
                 print(f"  {c['name']:16s} {routing:7s} {m:10s} fwd {t_f:8.2f} ms  fwd+bwd {t_fb:8.2f} ms  "
                       f"y err {ey:.1e} dx err {edx:.1e}  peak {mem:.2f} GiB", flush=True)
                 del meth
@@ -332,18 +316,18 @@ def main() -> None:
             del inp
             torch.cuda.empty_cache()
     print()
-    print(f"| config | routing | method | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | % of peak ({peak:.0f}) "
+    print(f"| shape | routing | method | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | % of peak ({peak:.0f}) "
           f"| time ratio mok/this (fwd / fwd+bwd) | peak GiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mk = mok_row(rows, r)
-        sp = f"{mk['fwd_ms'] / r['fwd_ms']:.2f} / {mk['fb_ms'] / r['fb_ms']:.2f}" if mk else "-"
-        print(f"| {r['config']} | {r['routing']} | {r['method']} | {r['fwd_ms']:.2f} | {r['fb_ms']:.2f} | "
-              f"{r['fb_tflops']:.0f} | {100 * r['fb_tflops'] / peak:.0f}% | {sp} | {r['peak_gib']:.2f} |")
+        sp = f"{mk['fwd_ms'] / r['fwd_ms']:.2f} / {mk['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}" if mk else "-"
+        print(f"| {r['shape']} | {r['routing']} | {r['method']} | {r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | "
+              f"{r['fwd_bwd_tflops']:.0f} | {r['pct_of_peak']:.0f}% | {sp} | {r['peak_gib']:.2f} |")
     print()
     print("\n".join(losses(rows)))
-    if a.json:
-        Path(a.json).write_text(json.dumps(dict(peak_tflops=peak, timing=a.timing, rows=rows), indent=1))
+    if record:
+        print(f"appended {len(rows)} rows to {record}")
 
 
 if __name__ == "__main__":

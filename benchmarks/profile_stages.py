@@ -3,7 +3,7 @@ configs.json (or of suite.json: names from either): what the GEMMs and the separ
 cost. Gate and up are passed as the halves of one [gate; up] tensor (what mok.MoE with float32 weights and
 transformers' gate_up_proj give the layer). Each GEMM line also shows its TFLOP/s; the header line gives the
 wall time (queued back to back, and one call at a time) and how long the GPU idles inside one step.
-Usage: python benchmarks/profile_fast.py [config,...]"""
+Usage: python benchmarks/profile_stages.py [config,...]"""
 import re
 import sys
 from pathlib import Path

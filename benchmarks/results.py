@@ -1,0 +1,205 @@
+"""The benchmarks' one results file (benchmarks/results.csv) and the page made from it (docs/results.md, docs/results.png).
+
+`bench_moe.py --record` and `bench_module.py --record` append one row per (shape, method) of a run; each run's rows
+share a `run` id (its UTC start time) and say where they were measured (commit, GPU, torch, CUDA). The page shows the
+latest run of each benchmark on each GPU and is regenerated from the file alone:
+
+    python benchmarks/results.py            # rewrite docs/results.md and docs/results.png from benchmarks/results.csv
+"""
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results.csv"
+PAGE = ROOT / "docs" / "results.md"
+CHART = ROOT / "docs" / "results.png"
+FIELDS = ("run", "commit", "gpu", "torch", "cuda", "benchmark", "shape", "T", "H", "I", "E", "K", "S", "routing",
+          "method", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_tflops", "peak_tflops", "pct_of_peak", "peak_gib", "command")
+PEER_NAMES = {"mok": "mok", "grouped_mm": "grouped_mm path", "sonic": "SonicMoE", "naive": "naive loop",
+              "mok.MoE": "mok.MoE", "plain": "plain PyTorch module"}
+
+
+def git_commit() -> str:
+    """Short commit of the tree (MOK_COMMIT wins, for copies without .git), with '+dirty' if mok/ or csrc/ differ."""
+    import os
+
+    if os.environ.get("MOK_COMMIT"):
+        return os.environ["MOK_COMMIT"]
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "mok", "csrc"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (rev.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
+
+
+def run_header() -> dict:
+    """The columns every row of this run shares: run id, commit, GPU, torch and CUDA versions, the command."""
+    import torch
+
+    return {"run": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": git_commit(),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda or "",
+            "command": " ".join(["python", *sys.argv])}
+
+
+def append(rows: list[dict], path: Path = RESULTS) -> None:
+    """Append `rows` (dicts with FIELDS keys; missing ones left empty) to the CSV at `path`, writing the header if new."""
+    path = Path(path)
+    unknown = sorted({k for r in rows for k in r} - set(FIELDS))
+    if unknown:
+        raise ValueError(f"rows: unknown columns {unknown}; the results file's columns are {list(FIELDS)}")
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def read(path: Path = RESULTS) -> list[dict]:
+    with Path(path).open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def latest_runs(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """{(benchmark, gpu): rows of the latest run of that benchmark on that GPU}."""
+    runs = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        runs[r["benchmark"], r["gpu"]][r["run"]].append(r)
+    return {key: by_run[max(by_run)] for key, by_run in sorted(runs.items())}
+
+
+def _num(r: dict | None, key: str) -> float | None:
+    return float(r[key]) if r and r.get(key) not in (None, "") else None
+
+
+def _ms(v: float | None) -> str:
+    return f"{v:.2f}" if v is not None else "-"
+
+
+def _ratio(peer: float | None, mine: float | None) -> str:
+    return f"{peer / mine:.2f}x" if peer and mine else "-"
+
+
+def _by_shape(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    out = defaultdict(dict)
+    for r in rows:
+        out[r["shape"]][r["method"]] = r
+    return out
+
+
+def _about(rows: list[dict]) -> str:
+    r = rows[0]
+    return (f"{r['gpu']}, torch {r['torch']}, CUDA {r['cuda']}, commit {r['commit']}, {r['run']}; "
+            f"bf16 matmul peak measured in the run: {float(r['peak_tflops']):.0f} TFLOP/s.\n"
+            f"Command: `{r['command']}`")
+
+
+def layer_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: each shape's mok time, each peer's, peer time / mok time (above 1: mok faster), peak GiB."""
+    peers = [m for m in ("grouped_mm", "sonic", "naive") if any(r["method"] == m for r in rows)]
+    head = ["shape (T,H,I,E,K,S)", "mok fwd / fwd+bwd ms", "mok % of peak"]
+    for p in peers:
+        head += [f"{PEER_NAMES[p]} fwd / fwd+bwd ms", f"{PEER_NAMES[p]} / mok, fwd+bwd"]
+    head += ["peak GiB, mok / " + " / ".join(PEER_NAMES[p] for p in peers)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape, by in _by_shape(rows).items():
+        mk = by.get("mok")
+        any_r = next(iter(by.values()))
+        dims = ",".join(any_r[k] for k in "THIEKS")
+        cells = [f"{shape} ({dims})", f"{_ms(_num(mk, 'fwd_ms'))} / {_ms(_num(mk, 'fwd_bwd_ms'))}",
+                 f"{_num(mk, 'pct_of_peak'):.0f}%" if _num(mk, "pct_of_peak") is not None else "-"]
+        for p in peers:
+            pr = by.get(p)
+            cells += [f"{_ms(_num(pr, 'fwd_ms'))} / {_ms(_num(pr, 'fwd_bwd_ms'))}" if pr else "not run",
+                      _ratio(_num(pr, "fwd_bwd_ms"), _num(mk, "fwd_bwd_ms"))]
+        cells.append(" / ".join(_ms(_num(by.get(m), "peak_gib")) for m in ["mok", *peers]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def module_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: mok.MoE's training step against a plain PyTorch module, per shape."""
+    lines = ["| shape (T,H,I,E,K,S) | mok.MoE fwd+bwd ms | plain module fwd+bwd ms | plain / mok.MoE | "
+             "peak GiB, mok.MoE / plain |", "|---|---|---|---|---|"]
+    for shape, by in _by_shape(rows).items():
+        mk, pl = by.get("mok.MoE"), by.get("plain")
+        dims = ",".join(next(iter(by.values()))[k] for k in "THIEKS")
+        lines.append(f"| {shape} ({dims}) | {_ms(_num(mk, 'fwd_bwd_ms'))} | {_ms(_num(pl, 'fwd_bwd_ms'))} | "
+                     f"{_ratio(_num(pl, 'fwd_bwd_ms'), _num(mk, 'fwd_bwd_ms'))} | "
+                     f"{_ms(_num(mk, 'peak_gib'))} / {_ms(_num(pl, 'peak_gib'))} |")
+    return lines
+
+
+def chart(latest: dict, path: Path = CHART) -> bool:
+    """Bars of peer fwd+bwd time / mok's (above 1: mok faster) per shape, for each GPU's latest layer run; False
+    when there is no layer run to draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layer = [(gpu, rows) for (bench, gpu), rows in latest.items() if bench == "layer"]
+    if not layer:
+        return False
+    fig, axes = plt.subplots(len(layer), 1, figsize=(12, 4.5 * len(layer)), squeeze=False)
+    for ax, (gpu, rows) in zip(axes[:, 0], layer):
+        by = _by_shape(rows)
+        shapes = list(by)
+        peers = [m for m in ("grouped_mm", "sonic") if any(r["method"] == m for r in rows)]
+        width = 0.8 / max(1, len(peers))
+        for i, p in enumerate(peers):
+            vals = [(_num(by[s].get(p), "fwd_bwd_ms") or 0) / (_num(by[s].get("mok"), "fwd_bwd_ms") or float("inf"))
+                    for s in shapes]
+            ax.bar([j + (i - (len(peers) - 1) / 2) * width for j in range(len(shapes))], vals, width,
+                   label=f"{PEER_NAMES[p]} time / mok time")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(shapes)), shapes, rotation=60, ha="right", fontsize=8)
+        ax.set_ylabel("forward+backward time ratio")
+        ax.set_title(f"mok against its peers, {gpu} ({rows[0]['run']}, commit {rows[0]['commit']}): above 1, mok is faster")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def page(rows: list[dict], chart_drawn: bool) -> str:
+    """docs/results.md's text for the rows of the results file."""
+    latest = latest_runs(rows)
+    out = ["# Results", "",
+           "Generated by `python benchmarks/results.py` from [benchmarks/results.csv](../benchmarks/results.csv), one row",
+           "per shape and method of every recorded run; this page shows the latest run of each benchmark on each GPU.",
+           "How each benchmark measures: [benchmarks/README.md](../benchmarks/README.md).", ""]
+    if chart_drawn:
+        out += ["![mok against its peers](results.png)", ""]
+    for (bench, gpu), rs in latest.items():
+        if bench == "layer":
+            out += [f"## The layer, forward and forward+backward: {gpu}", "", _about(rs), "",
+                    "Routed experts, bf16, random routing; mok's weight gradients in bf16 like its peers'. "
+                    "Ratios are a peer's time over mok's: above 1, mok is faster.", "", *layer_table(rs), ""]
+        elif bench == "module":
+            out += [f"## A training step through `mok.MoE`: {gpu}", "", _about(rs), "",
+                    "Router, router losses and layer, bf16 parameters, forward+backward queued as a training loop "
+                    "runs them, against a plain PyTorch MoE module (F.linear router, softmax top-k, the grouped_mm "
+                    "path, a load-balancing loss).", "", *module_table(rs), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main() -> None:
+    rows = read(RESULTS)
+    drawn = chart(latest_runs(rows))
+    PAGE.write_text(page(rows, drawn))
+    print(f"wrote {PAGE}" + (f" and {CHART}" if drawn else "") + f" from {len(rows)} rows of {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
