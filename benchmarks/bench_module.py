@@ -181,11 +181,11 @@ def main() -> None:
     peak = bf16_peak_tflops()
     print(f"device {header['gpu']}, torch {header['torch']}, commit {header['commit']}, {header['run']}; "
           f"bf16 peak {peak:.0f} TFLOP/s")
-    rows = run(configs, timed, peak, a.warmup, a.reps)
-    if a.record or a.results:
-        path = Path(a.results) if a.results else results.RESULTS
-        results.append(result_rows(rows, configs, header, peak), path)
-        print(f"appended {2 * len(rows)} rows to {path}")
+    record = Path(a.results) if a.results else (results.RESULTS if a.record else None)
+    for c in configs:  # shape by shape, so a run cut short keeps what it measured
+        rows = run([c], timed, peak, a.warmup, a.reps)
+        if record:
+            results.append(result_rows(rows, [c], header, peak), record)
 
 
 if __name__ == "__main__":

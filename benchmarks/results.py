@@ -183,9 +183,11 @@ def page(rows: list[dict], chart_drawn: bool) -> str:
         out += ["![mok against its peers](results.png)", ""]
     for (bench, gpu), rs in latest.items():
         if bench == "layer":
+            missing = [PEER_NAMES[p] for p in ("grouped_mm", "sonic") if not any(r["method"] == p for r in rs)]
             out += [f"## The layer, forward and forward+backward: {gpu}", "", _about(rs), "",
                     "Routed experts, bf16, random routing; mok's weight gradients in bf16 like its peers'. "
-                    "Ratios are a peer's time over mok's: above 1, mok is faster.", "", *layer_table(rs), ""]
+                    "Ratios are a peer's time over mok's: above 1, mok is faster."
+                    + (f" Not measured in this run: {', '.join(missing)}." if missing else ""), "", *layer_table(rs), ""]
         elif bench == "module":
             out += [f"## A training step through `mok.MoE`: {gpu}", "", _about(rs), "",
                     "Router, router losses and layer, bf16 parameters, forward+backward queued as a training loop "

@@ -216,7 +216,7 @@ def library() -> ctypes.CDLL:
         log.warning("mok.fast: compiling the CUDA kernels for sm_90a (first use: about 1 minute on 16 cores, "
                     "several on 2); cached in %s", cache_dir() / NAME)
         path = build_with_torch(verbose=os.environ.get("MOK_FAST_VERBOSE") == "1")
-    _LIB = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    _LIB = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)  # its symbols never interpose on other libraries
     return _LIB
 
 
