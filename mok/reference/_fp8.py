@@ -14,8 +14,8 @@ scale and its reciprocal are normal fp32 numbers. amax is the largest |x| over t
 Value: q = e4m3(x · 2^-n), round to nearest even (|x · 2^-n| <= 448, so nothing saturates); NaN and ±inf
 elements give NaN (e4m3fn has no infinity). Dequantising, q · 2^n, is exact in bf16 for every q the
 quantiser returns for a bf16 input (tests/reference/test_fp8.py checks it over the whole scale range),
-except where it reaches 2^128 (elements within 2^-5 of bf16's largest finite value): ±inf, as bf16 rounding
-itself gives there.
+except for elements of magnitude >= 248 · 2^120 (about 3.3e38, the top 3% of bf16's range): they round to
+256 · 2^120 = 2^128, past bf16's largest value, and dequantise to ±inf.
 """
 
 from __future__ import annotations

@@ -104,7 +104,9 @@ def test_quantize_rows_hand_computed(row, scale, codes):
 
 @pytest.mark.parametrize("row, want", [
     ([2.0**-130, -(2.0**-133)], [2.0**-130, -(2.0**-133)]),  # bf16 subnormals come back exactly
-    ([BF16_MAX, 1.0], [INF, 0.0]),  # 256·2^120 = 2^128: inf, as bf16 rounding of 255.5·2^120 gives
+    ([BF16_MAX, 1.0], [INF, 0.0]),  # 255·2^120 rounds to 256·2^120 = 2^128, past bf16's range: inf
+    # at scale 2^120, 248·2^120 ties 240|256 and goes to the even code, 256: inf; 246·2^120 -> 240·2^120
+    ([248 * 2.0**120, 246 * 2.0**120, BF16_MAX], [INF, 240 * 2.0**120, INF]),
     ([1.0, NAN, INF, -INF, 2.0], [1.0, NAN, NAN, NAN, 2.0]),  # non-finite values come back as NaN
 ])
 def test_dequantize_rows_hand_computed(row, want):
