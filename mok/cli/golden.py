@@ -1,5 +1,5 @@
 """Golden files (docs/determinism.md, docs/reliability.md): safetensors per case + golden/manifest.json with config, seed,
-contract version and the sha256 of every tensor. The reference must reproduce them bit-exactly.
+precision (the recipe of docs/numerics.md), contract version and the sha256 of every tensor. The reference must reproduce them bit-exactly.
 
 Which cases and world sizes exist is this module's `CASES`, never the manifest alone: a case missing
 from the manifest or the directory is a failure, and so is every damaged file (reported as that case's
@@ -30,11 +30,13 @@ MANIFEST = "manifest.json"
 INPUT_NAMES = LAYER_ARGS + ("dy",)
 
 _B = dict(H=48, I=24, E=8)  # odd-ish sizes: every tree level has carries
+_FP8_W = (1, 2)  # E = 2: one expert per rank at W = 2
 
 
 @dataclass(frozen=True)
 class GoldenCase:
-    """One golden case: a config, a seed, a routing, and the world sizes that must give its bits."""
+    """One golden case: a config, a seed, a routing, the world sizes that must give its bits, and the recipe
+    ("bf16" or "fp8", the layer's `precision`)."""
 
     name: str
     config: MoEConfig
@@ -42,6 +44,7 @@ class GoldenCase:
     routing: str = "random"
     world_sizes: tuple = (1,)
     note: str = ""
+    precision: str = "bf16"
 
     @property
     def file(self) -> str:
@@ -57,6 +60,10 @@ CASES = (
     GoldenCase("one_expert", MoEConfig(T=16, K=1, S=0, **_B), 6, "one_expert", (1, 2), "all tokens on expert 0"),
     GoldenCase("t37", MoEConfig(T=37, K=3, S=16, **_B), 7, note="T = 37, not a multiple of anything"),
     GoldenCase("t1", MoEConfig(T=1, K=2, S=16, **_B), 8, note="T = 1"),
+    GoldenCase("fp8_base", MoEConfig(T=8, H=256, I=128, E=2, K=1, S=0), 9, world_sizes=_FP8_W, precision="fp8",
+               note="FP8 recipe: whole 128 blocks, two along H, W = 1, 2"),
+    GoldenCase("fp8_edges", MoEConfig(T=12, H=136, I=136, E=2, K=2, S=40), 10, world_sizes=_FP8_W, precision="fp8",
+               note="FP8 recipe: H = I = 136, S = 40 (partial blocks at every edge), shared expert, W = 1, 2"),
 )
 CASE_BY_NAME = {c.name: c for c in CASES}
 
@@ -89,14 +96,14 @@ def compute_case(case: GoldenCase, device="cpu") -> dict:
     from ..testing.runner import run_layer
 
     inputs = make_inputs(case.config, case.seed, case.routing, device=device)
-    outputs = run_layer(inputs)
+    outputs = run_layer(inputs, precision=case.precision)
     both = {**inputs, **outputs}
     return {k: v.cpu().contiguous() for k, v in both.items() if v is not None}
 
 
 def _case_meta(case: GoldenCase) -> dict:
     """The manifest fields that come from the case list (everything but the hashes)."""
-    return {"config": case.config.as_dict(), "seed": case.seed, "routing": case.routing,
+    return {"config": case.config.as_dict(), "seed": case.seed, "routing": case.routing, "precision": case.precision,
             "world_sizes": list(case.world_sizes), "note": case.note, "contract_version": CONTRACT_VERSION,
             "file": case.file}
 
@@ -199,8 +206,9 @@ def _reproduce(case: GoldenCase, stored: dict, W: int, device: str) -> dict:
 
     inputs = {k: stored.get(k) for k in INPUT_NAMES}
     if W == 1:
-        return run_layer({k: (v.to(device) if v is not None else None) for k, v in inputs.items()})
-    return unshard_outputs(run_reference_world(inputs, W, device=device))
+        return run_layer({k: (v.to(device) if v is not None else None) for k, v in inputs.items()},
+                         precision=case.precision)
+    return unshard_outputs(run_reference_world(inputs, W, device=device, precision=case.precision))
 
 
 def _check(case: GoldenCase, golden_dir: Path, device: str, world_sizes, report: CaseReport) -> None:

@@ -1,6 +1,7 @@
 """`mok verify`: the determinism suite on the embedded default config, as a verdict table.
 
-CPU: goldens reproduced, reruns, 1 vs 2 threads, W = 1, 2, 4 in separate processes, seeds differ.
+CPU: goldens reproduced (bf16 and FP8 recipes), reruns, 1 vs 2 threads, W = 1, 2, 4 in separate processes (and
+W = 2 with the FP8 recipe), seeds differ.
 CUDA: goldens reproduced by the reference on the GPU, GPU vs CPU reference, and (when the
 fast path is present) its reruns, batch invariance and closeness to the reference.
 """
@@ -71,6 +72,10 @@ def cpu_checks(cfg: MoEConfig = DEFAULT, seed: int = 0, world_sizes=(2, 4)):
     def world(W):
         return compare_outputs(unshard_outputs(run_reference_world(inputs, W)), base)
 
+    def world_fp8(W):
+        return compare_outputs(unshard_outputs(run_reference_world(inputs, W, precision="fp8")),
+                               run_layer(inputs, precision="fp8"))
+
     def seeds_differ():
         other = run_layer(make_inputs(cfg, seed + 1))
         same = [k for k in OUTPUT_NAMES if base[k] is not None and bit_diff(other[k], base[k]).equal]
@@ -84,6 +89,7 @@ def cpu_checks(cfg: MoEConfig = DEFAULT, seed: int = 0, world_sizes=(2, 4)):
                                                    _with_threads(2, lambda: run_layer(inputs)))),
     ]
     checks += [(f"W={W} vs W=1 (separate processes)", lambda W=W: world(W)) for W in world_sizes]
+    checks += [(f"fp8: W={W} vs W=1 (separate processes)", lambda W=W: world_fp8(W)) for W in world_sizes[:1]]
     checks.append(("seeds differ (not vacuous)", seeds_differ))
     return checks
 
@@ -167,7 +173,9 @@ def fast_checks(cfg: MoEConfig = DEFAULT, seed: int = 0, reruns: int = 100):
     if FAST_EP_PROVEN:
         checks += [(f"fast: expert parallel W = {W} vs W = 1", lambda W=W: expert_parallel(W)) for W in (2, 4)
                    if cfg.E % W == 0 and cfg.T % W == 0]
-    checks += [(f"fast vs reference: golden {c.name}", lambda c=c: close(golden_inputs(c.name))) for c in CASES]
+    # the fast path runs the bf16 recipe: it is compared on the bf16 cases
+    checks += [(f"fast vs reference: golden {c.name}", lambda c=c: close(golden_inputs(c.name)))
+               for c in CASES if c.precision == "bf16"]
     return checks
 
 

@@ -23,10 +23,11 @@ class MoEFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
-                routed_gate, routed_up, routed_down, group):
+                routed_gate, routed_up, routed_down, group, precision="bf16"):
         y, ctx = layer.forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
-                               routed_gate, routed_up, routed_down, group=group)
+                               routed_gate, routed_up, routed_down, group=group, precision=precision)
         fctx.group = group
+        fctx.precision = precision
         fctx.has_shared = shared_gate is not None
         shared = [t if t is not None else x.new_empty(0) for t in (shared_gate, shared_up, shared_down)]
         fctx.save_for_backward(x, topk_idx, topk_weight, *shared, routed_gate, routed_up, routed_down,
@@ -38,9 +39,9 @@ class MoEFunction(torch.autograd.Function):
         with torch.no_grad():
             x, idx, w, sg, su, sd, rg, ru, rd, *saved = fctx.saved_tensors
             shared = (sg, su, sd) if fctx.has_shared else (None, None, None)
-            ctx = load_context(saved, x, idx, w, shared, (rg, ru, rd), fctx.group)
+            ctx = load_context(saved, x, idx, w, shared, (rg, ru, rd), fctx.group, fctx.precision)
             d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = layer.backward(ctx, dy.contiguous())
-        grads = [d_x, None, d_w, d_sg, d_su, d_sd, d_rg, d_ru, d_rd, None]
+        grads = [d_x, None, d_w, d_sg, d_su, d_sd, d_rg, d_ru, d_rd, None, None]
         if torch.is_grad_enabled():  # create_graph=True
             grads = _not_differentiable(grads)
         return tuple(grads)
@@ -58,7 +59,8 @@ def _not_differentiable(grads: list) -> list:
 
 
 def moe(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
-        routed_gate, routed_up, routed_down, *, group=None):
-    """Differentiable reference layer: same arguments as `mok.reference.forward`; returns y [T, H] bf16."""
+        routed_gate, routed_up, routed_down, *, group=None, precision="bf16"):
+    """Differentiable reference layer: same arguments as `mok.reference.forward` (precision "bf16" or "fp8");
+    returns y [T, H] bf16."""
     return MoEFunction.apply(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
-                             routed_gate, routed_up, routed_down, group)
+                             routed_gate, routed_up, routed_down, group, precision)

@@ -12,7 +12,7 @@ import torch
 
 from . import _comm as comm
 from ._layer import Ctx, ExpertRows, forward_facts
-from ._validate import check_layer_args
+from ._validate import check_layer_args, check_precision
 
 N_SAVED = 9
 
@@ -50,9 +50,11 @@ def check_context_args(saved, n_saved: int, shared, routed) -> None:
             raise ValueError(f"{name}: expected the 3 tensors {what}, got {comm._short(t)}")
 
 
-def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: tuple, group=None) -> Ctx:
-    """Rebuild the `Ctx` of `forward(x, topk_idx, topk_weight, *shared, *routed, group=group)` from
-    `save_context`'s tensors (the layer inputs as given to forward; gathers them again under W > 1).
+def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: tuple, group=None,
+                 precision: str = "bf16") -> Ctx:
+    """Rebuild the `Ctx` of `forward(x, topk_idx, topk_weight, *shared, *routed, group=group,
+    precision=precision)` from `save_context`'s tensors (the layer inputs as given to forward; gathers
+    them again under W > 1).
 
     With W > 1 this is the first collective call of a backward, so like `forward` and `backward` it
     begins with the pre-flight (`_comm.preflight`), before it gathers anything: a rank whose arguments
@@ -63,6 +65,7 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
     W, rank = comm.world(group)
     dims, err = None, None
     try:
+        check_precision(precision)
         check_context_args(saved, N_SAVED, shared, routed)
         dims = check_layer_args(x, topk_idx, topk_weight, *shared, *routed, world_size=W)
         o_TKH, f, g, u, a, counts, sg, su, sa = saved
@@ -73,7 +76,7 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
                              f"and rows per expert {sizes} for {f.numel()} rows")
     except Exception as e:  # noqa: BLE001 - the pre-flight raises it on every rank of the group
         err = e
-    comm.preflight("load_context", err, forward_facts(dims, x), group)
+    comm.preflight("load_context", err, forward_facts(dims, x, precision=precision), group)
     experts = [ExpertRows(f=ff, g=gg, u=uu, a=aa) for ff, gg, uu, aa in zip(*(t.split(sizes) for t in (f, g, u, a)))]
     shared_rows = None
     if shared[0] is not None:
@@ -82,7 +85,8 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
                x_NH=comm.all_gather_cat(x.contiguous(), group),
                topk_idx_NK=comm.all_gather_cat(topk_idx.contiguous(), group),
                topk_weight_NK=comm.all_gather_cat(topk_weight.contiguous(), group),
-               o_TKH=o_TKH, experts=experts, shared=tuple(shared), routed=tuple(routed), shared_rows=shared_rows)
+               o_TKH=o_TKH, experts=experts, shared=tuple(shared), routed=tuple(routed), shared_rows=shared_rows,
+               precision=precision)
 
 
 def saved_fake(x, topk_idx, shared: tuple, routed: tuple, rows: int | torch.SymInt) -> list[torch.Tensor]:

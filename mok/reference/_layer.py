@@ -5,6 +5,11 @@ computes the rows routed to its own L experts in canonical order (global token, 
 and the token owners gather those rows back. Per-row math never depends on W, and an
 expert's weight gradient sums exactly the same ordered list of rows for every W, so every
 output is bitwise independent of W.
+
+Precision (docs/numerics.md): "bf16" multiplies the bf16 operands as given; "fp8" first rounds the
+operands of the forward's gate/up and down products and of the backward's two data-gradient products
+through e4m3 (activations in 1x128 blocks per row, weights in 128x128 blocks: `_fp8`), then runs the
+same exact products. Both roundings are per row or per weight block, so the W independence holds alike.
 """
 
 from __future__ import annotations
@@ -15,7 +20,17 @@ import torch
 
 from . import _comm as comm
 from ._exact import bf16, dsilu_exact, matmul_exact, rows_outer_sum, rowwise_dot, silu_exact
-from ._validate import Dims, check_expert_ids, check_grad_out, check_layer_args
+from ._fp8 import fp8_blocks_128x128, fp8_rows_1x128
+from ._validate import PRECISIONS, Dims, check_expert_ids, check_grad_out, check_layer_args, check_precision
+
+
+def _as_is(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+# precision -> (rounding of a GEMM's activation operand [R, D], rounding of its weight operand [N, D]);
+# a weight's 128x128 blocks are those of the tensor as given, also where the backward uses its transpose
+OPERANDS = {"bf16": (_as_is, _as_is), "fp8": (fp8_rows_1x128, fp8_blocks_128x128)}
 
 
 @dataclass
@@ -43,14 +58,18 @@ class Ctx:
     shared: tuple  # (gate, up, down) or (None, None, None)
     routed: tuple  # (gate_LIH, up_LIH, down_LHI)
     shared_rows: ExpertRows | None  # this rank's T tokens
+    precision: str = "bf16"  # a key of OPERANDS
 
 
-def _swiglu_expert(x_RH, w_gate_IH, w_up_IH, w_down_HI):
-    """One expert on its rows. Returns (g, u fp32 [R, I], a bf16 [R, I], o bf16 [R, H])."""
-    g = matmul_exact(x_RH, w_gate_IH)
-    u = matmul_exact(x_RH, w_up_IH)
+def _swiglu_expert(x_RH, w_gate_IH, w_up_IH, w_down_HI, precision: str):
+    """One expert on its rows. Returns (g, u fp32 [R, I], a bf16 [R, I], o bf16 [R, H]); a is the value
+    before any fp8 rounding (the down projection's weight gradient uses it as it is)."""
+    act, wt = OPERANDS[precision]
+    xq = act(x_RH)
+    g = matmul_exact(xq, wt(w_gate_IH))
+    u = matmul_exact(xq, wt(w_up_IH))
     a = bf16(silu_exact(g) * u)
-    o = bf16(matmul_exact(a, w_down_HI))
+    o = bf16(matmul_exact(act(a), wt(w_down_HI)))
     return g, u, a, o
 
 
@@ -90,20 +109,22 @@ def backend_fact(backend: str) -> tuple[str, str, int]:
     return ("backend", "layer implementation (0 mok.reference, 1 mok.fast)", BACKENDS[backend])
 
 
-def forward_facts(d: Dims | None, x, backend: str = "reference") -> list[tuple[str, str, int]]:
+def forward_facts(d: Dims | None, x, backend: str = "reference", precision: str = "bf16") -> list[tuple[str, str, int]]:
     """What every rank's forward must agree on (zeros when this rank's arguments failed their checks),
-    for `preflight`; `backend` names the implementation making the call."""
+    for `preflight`; `backend` names the implementation making the call, `precision` its recipe."""
     v = d or Dims(0, 0, 0, 0, 0, 0, 0, 0)
     dev = _DEVICE_TYPES.get(x.device.type, 3) if d is not None and isinstance(x, torch.Tensor) else 0
+    prec = PRECISIONS.index(precision) if d is not None else 0
     return [("x", "tokens per rank T", v.T), ("x", "hidden size H", v.H), ("topk_idx", "experts per token K", v.K),
             ("routed_gate", "number of local experts L", v.L), ("routed_gate", "intermediate size I", v.I),
             ("shared_gate", "shared intermediate size S (0: no shared expert)", v.S),
-            ("x", "device type (1 cpu, 2 cuda)", dev), backend_fact(backend)]
+            ("x", "device type (1 cpu, 2 cuda)", dev), backend_fact(backend),
+            ("precision", "recipe (0 bf16, 1 fp8)", prec)]
 
 
 def forward(
     x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
-    routed_gate, routed_up, routed_down, *, group=None,
+    routed_gate, routed_up, routed_down, *, group=None, precision="bf16",
 ):
     """Reference MoE forward (docs/layer.md).
 
@@ -116,17 +137,20 @@ def forward(
         group: torch.distributed process group for expert parallelism, or None (W = 1). Every rank
             calls forward with the same T, H, K, L, I, S; a rank whose arguments fail their checks or
             differ makes every rank raise (see `_comm.preflight`).
+        precision: "bf16" (default) or "fp8", the recipe of docs/numerics.md; the same on every rank.
+            `backward` follows the forward's.
     Returns:
         (y [T, H] bf16, ctx for `backward`).
     """
     W, rank = comm.world(group)
     d, err = None, None
     try:
+        check_precision(precision)
         d = check_layer_args(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
                              routed_gate, routed_up, routed_down, world_size=W)
     except Exception as e:  # noqa: BLE001 - the pre-flight raises it on every rank of the group
         err = e
-    comm.preflight("forward", err, forward_facts(d, x), group)
+    comm.preflight("forward", err, forward_facts(d, x, precision=precision), group)
     x_NH = comm.all_gather_cat(x.contiguous(), group)
     idx_NK = comm.all_gather_cat(topk_idx.contiguous(), group)
     w_NK = comm.all_gather_cat(topk_weight.contiguous(), group)
@@ -136,7 +160,7 @@ def forward(
     experts, f_local, o_local = [], [], []
     for l in range(d.L):
         f = _local_rows(idx_NK, rank * d.L + l)
-        g, u, a, o = _swiglu_expert(x_NH[f // d.K], routed_gate[l], routed_up[l], routed_down[l])
+        g, u, a, o = _swiglu_expert(x_NH[f // d.K], routed_gate[l], routed_up[l], routed_down[l], precision)
         experts.append(ExpertRows(f=f, g=g, u=u, a=a))
         f_local.append(f)
         o_local.append(o)
@@ -146,22 +170,31 @@ def forward(
 
     s, shared_rows = None, None
     if shared_gate is not None:
-        g, u, a, s = _swiglu_expert(x.contiguous(), shared_gate, shared_up, shared_down)
+        g, u, a, s = _swiglu_expert(x.contiguous(), shared_gate, shared_up, shared_down, precision)
         shared_rows = ExpertRows(f=torch.arange(d.T, device=x.device), g=g, u=u, a=a)
     y = _ordered_sum(s, o_TKH, topk_weight)
     ctx = Ctx(dims=d, group=group, rank=rank, x_NH=x_NH, topk_idx_NK=idx_NK, topk_weight_NK=w_NK,
               o_TKH=o_TKH, experts=experts, shared=(shared_gate, shared_up, shared_down),
-              routed=(routed_gate, routed_up, routed_down), shared_rows=shared_rows)
+              routed=(routed_gate, routed_up, routed_down), shared_rows=shared_rows, precision=precision)
     return y, ctx
 
 
-def _swiglu_expert_backward(go_RH, x_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w_down_HI):
-    """Returns (dx bf16 [R, H], d_gate fp32 [I, H], d_up fp32 [I, H], d_down fp32 [H, I])."""
-    da = matmul_exact(go_RH, w_down_HI.t())
+def _data_grads(go_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w_down_HI, precision: str):
+    """The data-gradient path of one expert. Returns (dx bf16 [R, H], dg bf16 [R, I], du bf16 [R, I]);
+    dg and du before any fp8 rounding (the weight gradients use them as they are)."""
+    act, wt = OPERANDS[precision]
+    da = matmul_exact(act(go_RH), wt(w_down_HI).t())
     dg = bf16((da * rows.u) * dsilu_exact(rows.g))
     du = bf16(da * silu_exact(rows.g))
-    # one fp32 accumulation over 2I: gate's I terms first, then up's
-    dx = bf16(matmul_exact(torch.cat([dg, du], dim=1), torch.cat([w_gate_IH, w_up_IH], dim=0).t()))
+    # one fp32 accumulation over 2I: gate's I terms first, then up's (fp8: dg and du rounded separately,
+    # so their 1x128 blocks line up with the blocks of gate's and up's weights)
+    dx = bf16(matmul_exact(torch.cat([act(dg), act(du)], dim=1), torch.cat([wt(w_gate_IH), wt(w_up_IH)], dim=0).t()))
+    return dx, dg, du
+
+
+def _swiglu_expert_backward(go_RH, x_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w_down_HI, precision: str):
+    """Returns (dx bf16 [R, H], d_gate fp32 [I, H], d_up fp32 [I, H], d_down fp32 [H, I])."""
+    dx, dg, du = _data_grads(go_RH, rows, w_gate_IH, w_up_IH, w_down_HI, precision)
     return dx, rows_outer_sum(dg, x_RH), rows_outer_sum(du, x_RH), rows_outer_sum(go_RH, rows.a)
 
 
@@ -169,7 +202,7 @@ def backward(ctx: Ctx, dy):
     """Reference MoE backward (docs/layer.md).
 
     Args:
-        ctx: from `forward`.
+        ctx: from `forward`; its recipe (`ctx.precision`) is the forward's.
         dy: [T, H] bf16, gradient of this rank's y.
     Returns:
         (d_x [T, H] bf16, d_topk_weight [T, K] fp32, d_routed_gate [L, I, H] fp32,
@@ -197,7 +230,8 @@ def backward(ctx: Ctx, dy):
     for l, rows in enumerate(ctx.experts):
         n = rows.f // d.K
         go = bf16(w_flat[rows.f, None] * dy_NH[n])
-        dx, dg_w, du_w, dd_w = _swiglu_expert_backward(go, ctx.x_NH[n], rows, gate[l], up[l], down[l])
+        dx, dg_w, du_w, dd_w = _swiglu_expert_backward(go, ctx.x_NH[n], rows, gate[l], up[l], down[l],
+                                                       ctx.precision)
         d_gate.append(dg_w)
         d_up.append(du_w)
         d_down.append(dd_w)
@@ -211,10 +245,7 @@ def backward(ctx: Ctx, dy):
     if ctx.shared_rows is not None:
         sg, su, sd = ctx.shared
         rows = ctx.shared_rows
-        da = matmul_exact(dy, sd.t())
-        dg = bf16((da * rows.u) * dsilu_exact(rows.g))
-        du = bf16(da * silu_exact(rows.g))
-        dx_s = bf16(matmul_exact(torch.cat([dg, du], dim=1), torch.cat([sg, su], dim=0).t()))
+        dx_s, dg, du = _data_grads(dy, rows, sg, su, sd, ctx.precision)
         # the group's rows, rank order = global token order, so the sums match W = 1 bitwise
         dg_N, du_N, a_N = (comm.all_gather_cat(t, group) for t in (dg, du, rows.a))
         d_shared = (rows_outer_sum(dg_N, ctx.x_NH), rows_outer_sum(du_N, ctx.x_NH), rows_outer_sum(dy_NH, a_N))

@@ -153,6 +153,16 @@ def check_expert_ids(topk_idx: torch.Tensor, num_experts: int, name: str = "topk
         )
 
 
+PRECISIONS = ("bf16", "fp8")  # the layer's recipes (docs/numerics.md); the index is the pre-flight's code
+
+
+def check_precision(precision) -> str:
+    """`precision` if it names a recipe of PRECISIONS, else ValueError naming the argument."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    return precision
+
+
 def check_grad_out(dy, T: int, H: int, device: torch.device) -> None:
     """dy: [T, H] bf16 on the layer's device."""
     _tensor("dy", dy, torch.bfloat16, 2)

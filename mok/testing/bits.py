@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-_INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
-             torch.float64: torch.int64}
+_INT_VIEW = {torch.float8_e4m3fn: torch.uint8, torch.bfloat16: torch.int16, torch.float16: torch.int16,
+             torch.float32: torch.int32, torch.float64: torch.int64}
 
 
 def raw_bits(t: torch.Tensor) -> torch.Tensor:
@@ -46,6 +46,11 @@ def _ordered(bits: torch.Tensor) -> torch.Tensor:
     return torch.where(b >= sign, sign - b, b) if width < 64 else torch.where(b < 0, torch.iinfo(torch.int64).min - b, b)
 
 
+def _isfinite(t: torch.Tensor) -> torch.Tensor:
+    """torch.isfinite, also for float8 (widened exactly to float32 first: PyTorch has no isfinite for it)."""
+    return torch.isfinite(t.float() if t.element_size() == 1 else t)
+
+
 def bit_diff(actual: torch.Tensor, expected: torch.Tensor) -> BitDiff:
     """Compare raw bits; NaN equals NaN. Shapes and dtypes must match."""
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
@@ -60,7 +65,7 @@ def bit_diff(actual: torch.Tensor, expected: torch.Tensor) -> BitDiff:
     max_ulp = -1
     if a.dtype in _INT_VIEW:
         ulp = (_ordered(raw_bits(a)) - _ordered(raw_bits(e))).abs()
-        finite = torch.isfinite(a) & torch.isfinite(e)
+        finite = _isfinite(a) & _isfinite(e)
         max_ulp = int(ulp[finite & ~same].max()) if bool((finite & ~same).any()) else -1
     return BitDiff(n_diff, max_ulp, index, (a.reshape(-1)[flat].item(), e.reshape(-1)[flat].item()))
 

@@ -444,33 +444,36 @@ def _cause(failed: list[int], reports: dict) -> int:
 # ---------------------------------------------------------------- the reference over W processes
 
 
-def _layer_rank(rank: int, world_size: int, group, inputs: dict, device: str, impl: str = "reference") -> dict:
+def _layer_rank(rank: int, world_size: int, group, inputs: dict, device: str, impl: str = "reference",
+                precision: str = "bf16") -> dict:
     from .runner import run_sharded
 
     if device == "cuda":
         inputs = {k: (v.cuda() if v is not None else None) for k, v in inputs.items()}
-    return run_sharded(inputs, rank, world_size, group, impl)
+    return run_sharded(inputs, rank, world_size, group, impl, precision)
 
 
 def run_world(inputs: dict, world_size: int, *, impl: str = "reference", threads: int = 1, device: str = "cpu",
-              timeout_s: float | None = None) -> list:
+              timeout_s: float | None = None, precision: str = "bf16") -> list:
     """Forward+backward of `impl` ("reference", or "fast" on cuda) on global `inputs` (CPU tensors), split
-    over W fresh processes (on one GPU they share it).
+    over W fresh processes (on one GPU they share it), with recipe `precision` ("bf16" or "fp8").
 
-    Arguments are checked here, before any process starts (E and T divisible by W, impl).
+    Arguments are checked here, before any process starts (E and T divisible by W, impl, precision).
     Returns the W per-rank output dicts (CPU tensors), rank order.
     """
+    from ..reference import check_precision
     from .runner import layer_impl, shard_inputs
 
     check_world_size(world_size, device)
     layer_impl(impl)
+    check_precision(precision)
     if impl == "fast" and device != "cuda":
         raise ValueError(f"device: expected 'cuda' for impl 'fast', got {device!r}")
     shard_inputs(inputs, 0, world_size)  # raises for E or T not divisible by W
     cpu = {k: (v.cpu() if v is not None else None) for k, v in inputs.items()}
-    return launch(_layer_rank, (cpu, device, impl), world_size, device=device, threads=threads, timeout_s=timeout_s)
+    return launch(_layer_rank, (cpu, device, impl, precision), world_size, device=device, threads=threads, timeout_s=timeout_s)
 
 
 def run_reference_world(inputs: dict, world_size: int, **kw) -> list:
-    """`run_world` with the reference (keywords: threads, device, timeout_s)."""
+    """`run_world` with the reference (keywords: threads, device, timeout_s, precision)."""
     return run_world(inputs, world_size, impl="reference", **kw)

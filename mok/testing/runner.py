@@ -25,14 +25,16 @@ def shard_inputs(inputs: dict, rank: int, world_size: int) -> dict:
     return out
 
 
-def run_layer(inputs: dict, *, impl=None, group=None) -> dict:
-    """forward then backward(dy) of `impl` (a module with forward/backward; default the reference).
+def run_layer(inputs: dict, *, impl=None, group=None, precision: str = "bf16") -> dict:
+    """forward then backward(dy) of `impl` (a module with forward/backward; default the reference), with
+    recipe `precision` (passed on only when not "bf16": the fast path takes no `precision`).
 
     Returns {name: tensor or None} for OUTPUT_NAMES, on the inputs' device.
     """
     if impl is None:
         from .. import reference as impl
-    y, ctx = impl.forward(*(inputs[a] for a in LAYER_ARGS), group=group)
+    kw = {} if precision == "bf16" else {"precision": precision}
+    y, ctx = impl.forward(*(inputs[a] for a in LAYER_ARGS), group=group, **kw)
     grads = impl.backward(ctx, inputs["dy"])
     return dict(zip(OUTPUT_NAMES, (y, *grads)))
 
@@ -65,9 +67,10 @@ def layer_impl(name: str):
     return reference
 
 
-def run_sharded(inputs: dict, rank: int, world_size: int, group, impl: str = "reference") -> dict:
+def run_sharded(inputs: dict, rank: int, world_size: int, group, impl: str = "reference",
+                precision: str = "bf16") -> dict:
     """One rank's forward+backward on its shard of global `inputs` (called inside a process group) with
-    implementation `impl` ("reference" or "fast"); outputs on the CPU."""
+    implementation `impl` ("reference" or "fast") and recipe `precision`; outputs on the CPU."""
     local = shard_inputs(inputs, rank, world_size)
-    out = run_layer(local, impl=layer_impl(impl), group=group)
+    out = run_layer(local, impl=layer_impl(impl), group=group, precision=precision)
     return {k: (v.cpu() if v is not None else None) for k, v in out.items()}

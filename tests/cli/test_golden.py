@@ -48,6 +48,13 @@ def test_spec_cases_are_covered():
     assert not bool((inp["topk_idx"] == by["empty_expert"].config.E - 1).any())
     inp, _ = load_case("one_expert")
     assert bool((inp["topk_idx"] == 0).all())
+    # the FP8 recipe: whole blocks (two along H), partial blocks at the edges, a shared expert, W = 2
+    fp8 = [c for c in CASES if c.precision == "fp8"]
+    assert {c.name for c in fp8} == {"fp8_base", "fp8_edges"}
+    assert by["fp8_base"].config.H == 256 and by["fp8_base"].config.I % 128 == 0
+    assert by["fp8_edges"].config.H % 128 and by["fp8_edges"].config.I % 128 and by["fp8_edges"].config.S % 128
+    assert all(2 in c.world_sizes for c in fp8)
+    assert {c.precision for c in CASES} == {"bf16", "fp8"}
 
 
 @pytest.mark.parametrize("name", NAMES)  # every golden case, by name: the reference at W = 1 gives its bits
@@ -107,6 +114,8 @@ DAMAGES = {  # name -> (damage to the copy of the goldens, the failing cases, a 
     "world_sizes [3]": (lambda d: _manifest(d, lambda m: m["cases"]["k1"].update(world_sizes=[3])), ["k1"],
                         "got [3]"),
     "world_sizes []": (lambda d: _manifest(d, lambda m: m["cases"]["k1"].update(world_sizes=[])), ["k1"], "got []"),
+    "precision bf16 for fp8": (lambda d: _manifest(d, lambda m: m["cases"]["fp8_edges"].update(precision="bf16")),
+                               ["fp8_edges"], "fp8_edges.precision: expected 'fp8'"),
     "case not in manifest": (lambda d: _manifest(d, lambda m: m["cases"].pop("k1")), ["k1"], "no entry for case"),
     "no cases": (lambda d: _manifest(d, lambda m: m.update(cases={})), NAMES, "no entry for case"),
     "unknown case": (lambda d: _manifest(d, lambda m: m["cases"].update(zz={})), ["zz"], "does not define"),
@@ -147,7 +156,7 @@ def test_cli_check_reports_the_damaged_case_and_exits_1(golden_copy, capsys, dam
     DAMAGES[damage][0](golden_copy)
     assert main(["golden", "check", "--dir", str(golden_copy)]) == 1
     out = capsys.readouterr().out
-    assert "k1: MISMATCH" in out and "7 passed, 1 failed" in out
+    assert "k1: MISMATCH" in out and f"{len(NAMES) - 1} passed, 1 failed" in out
     assert all(f"{n}: ok" in out for n in NAMES if n != "k1")
 
 

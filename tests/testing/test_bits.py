@@ -9,6 +9,7 @@ NAN, INF = float("nan"), float("inf")
 
 
 @pytest.mark.parametrize("dtype", [
+    torch.float8_e4m3fn,  # the FP8 recipe's quantised values (inf converts to 448 on the CPU: still a difference)
     torch.bfloat16,  # the layer's outputs
     torch.float32,  # weight gradients, fp32 scratch
     torch.float64,  # the 64-bit path of the ULP order
@@ -36,6 +37,7 @@ def test_first_index_is_the_row_major_first_of_a_2d_tensor():
 
 
 @pytest.mark.parametrize("dtype, ulps", [
+    (torch.float8_e4m3fn, 3),  # 8-bit order
     (torch.bfloat16, 3),  # 16-bit order
     (torch.float32, 3),  # 32-bit order
     (torch.float64, 3),  # 64-bit order
