@@ -16,6 +16,10 @@ import torch
 from . import _comm as comm
 from ._exact import bf16, dsilu_exact, matmul_exact, rows_outer_sum, rowwise_dot, silu_exact
 from ._validate import Dims, check_expert_ids, check_grad_out, check_layer_args
+from ._versions import check_versions, record_versions
+
+LAYER_ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down",
+              "routed_gate", "routed_up", "routed_down")
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Ctx:
     shared: tuple  # (gate, up, down) or (None, None, None)
     routed: tuple  # (gate_LIH, up_LIH, down_LHI)
     shared_rows: ExpertRows | None  # this rank's T tokens
+    versions: tuple = ()  # the inputs' version counters at forward (`_versions.record_versions`)
 
 
 def _swiglu_expert(x_RH, w_gate_IH, w_up_IH, w_down_HI):
@@ -101,11 +106,13 @@ def forward_facts(d: Dims | None, x, backend: str = "reference") -> list[tuple[s
             ("x", "device type (1 cpu, 2 cuda)", dev), backend_fact(backend)]
 
 
+@torch.no_grad()
 def forward(
     x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
     routed_gate, routed_up, routed_down, *, group=None,
 ):
-    """Reference MoE forward (docs/layer.md).
+    """Reference MoE forward (docs/layer.md). Builds no autograd graph (it runs under torch.no_grad(): inputs
+    that require grad give the same bits, and y and ctx carry no graph); for autograd use `moe` or `mok.moe`.
 
     Args:
         x: [T, H] bf16, this rank's tokens.
@@ -151,7 +158,9 @@ def forward(
     y = _ordered_sum(s, o_TKH, topk_weight)
     ctx = Ctx(dims=d, group=group, rank=rank, x_NH=x_NH, topk_idx_NK=idx_NK, topk_weight_NK=w_NK,
               o_TKH=o_TKH, experts=experts, shared=(shared_gate, shared_up, shared_down),
-              routed=(routed_gate, routed_up, routed_down), shared_rows=shared_rows)
+              routed=(routed_gate, routed_up, routed_down), shared_rows=shared_rows,
+              versions=record_versions(dict(zip(LAYER_ARGS, (x, topk_idx, topk_weight, shared_gate, shared_up,
+                                                             shared_down, routed_gate, routed_up, routed_down)))))
     return y, ctx
 
 
@@ -165,8 +174,11 @@ def _swiglu_expert_backward(go_RH, x_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w
     return dx, rows_outer_sum(dg, x_RH), rows_outer_sum(du, x_RH), rows_outer_sum(go_RH, rows.a)
 
 
+@torch.no_grad()
 def backward(ctx: Ctx, dy):
-    """Reference MoE backward (docs/layer.md).
+    """Reference MoE backward (docs/layer.md). Builds no autograd graph (torch.no_grad()). An input of the
+    forward changed in place since (its version counter moved, as autograd checks saved tensors) raises
+    RuntimeError naming it, on every rank of the group.
 
     Args:
         ctx: from `forward`.
@@ -184,6 +196,7 @@ def backward(ctx: Ctx, dy):
     err = None
     try:
         check_grad_out(dy, d.T, d.H, ctx.x_NH.device)
+        check_versions(ctx.versions, "mok.reference.forward", "mok.reference.backward")
     except Exception as e:  # noqa: BLE001 - the pre-flight raises it on every rank of the group
         err = e
     comm.preflight("backward", err, [backend_fact("reference")], group)
