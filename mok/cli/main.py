@@ -220,7 +220,7 @@ def _golden_check_locked(args, out: _Out, golden_dir: Path) -> int:
     return EXIT_FAILED if bad else EXIT_OK
 
 
-def _regular_targets(golden_dir: Path, given) -> None:
+def _regular_targets(golden_dir: Path) -> None:
     """Exit 2 naming the file when a name regen writes (the manifest, a case's file) is something other than a
     regular file or nothing: a FIFO would block the read of the old file, a directory the rename."""
     from .files import regular_or_absent
@@ -239,7 +239,7 @@ def _golden_regen(args, out: _Out) -> int:
     _require_device(args.device)
     _writable_dir(golden_dir, args.dir)
     with _lock(golden_dir, True, out):
-        _regular_targets(golden_dir, args.dir)
+        _regular_targets(golden_dir)
         return _golden_regen_locked(args, out, golden_dir)
 
 

@@ -95,3 +95,28 @@ def test_inputs_that_require_grad_keep_no_graph_alive():
     _, ctx = reference.forward(*(params[a] for a in LAYER_ARGS))
     saved = reference.save_context(ctx)
     assert not any(t.requires_grad for t in saved)
+
+
+def _edit_on_one_rank(rank, world_size, group, inputs):
+    from mok.testing.runner import shard_inputs
+
+    local = shard_inputs(inputs, rank, world_size)
+    _, ctx = reference.forward(*(local[a] for a in LAYER_ARGS), group=group)
+    if rank == 1:
+        local["routed_gate"].add_(1)
+    try:
+        reference.backward(ctx, local["dy"])
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
+def test_inplace_edit_on_one_rank_raises_on_every_rank():
+    """Expert parallel: the edited rank's error reaches every rank through the pre-flight, before any collective (no
+    rank is left waiting)."""
+    from mok.testing.dist import launch
+
+    errors = launch(_edit_on_one_rank, (make_inputs(SMALL, seed=9),), 2, timeout_s=60)
+    for rank, err in enumerate(errors):
+        assert err.startswith("routed_gate: modified by an inplace operation between mok.reference.forward and "
+                              "mok.reference.backward") and "(on rank 1 of the group)" in err, (rank, err)
