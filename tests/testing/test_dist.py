@@ -338,7 +338,7 @@ def test_signals_stop_every_process(tmp_path, how):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [
     (signal.SIGTERM, 143),  # SIGTERM to the CLI process alone: 128 + 15
-    (signal.SIGINT, 130),   # Ctrl-C to the process group: 128 + 2, "mok: interrupted"
+    (signal.SIGINT, 130),   # Ctrl-C to the process group: 128 + 2, "mok diff-grads: interrupted"
 ])
 def test_cli_signal_while_workers_run(tmp_path, sig, code):
     """`mok diff-grads`, interrupted while its W = 4 workers exist: exit 143 / 130 in bounded time,
@@ -353,7 +353,7 @@ def test_cli_signal_while_workers_run(tmp_path, sig, code):
     rc, out, err = _assert_all_gone(p, family, tmp_path)
     assert rc == code, out + err
     if sig == signal.SIGINT:
-        assert err.strip().splitlines()[-1] == "mok: interrupted"
+        assert err.strip().splitlines()[-1] == "mok diff-grads: interrupted"
 
 
 def _fork_server_started(p) -> bool:
@@ -373,8 +373,8 @@ def _fork_server_started(p) -> bool:
     0.3,  # while it imports torch (seconds on a loaded 2-core machine)
 ])
 def test_ctrl_c_while_the_fork_server_starts_prints_no_traceback(tmp_path, delay_s):
-    """Ctrl-C to the process group before any worker exists: `mok: interrupted`, exit 130, and no KeyboardInterrupt
-    traceback from the fork server (it ignores SIGINT from its first import on), nothing left."""
+    """Ctrl-C to the process group before any worker exists: `mok diff-grads: interrupted`, exit 130, and no
+    KeyboardInterrupt traceback from the fork server (it ignores SIGINT from its first import on), nothing left."""
     argv = [sys.executable, "-m", "mok.cli.main", "diff-grads", "--config", "tiny", "--world-sizes", "2", "--seeds",
             "0", "1", "--no-progress"]
     (tmp_path / "tmp").mkdir()
@@ -393,7 +393,7 @@ def test_ctrl_c_while_the_fork_server_starts_prints_no_traceback(tmp_path, delay
     rc, out, err = _assert_all_gone(p, family, tmp_path)
     assert rc == 130, out + err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert err.strip().splitlines() == ["mok: interrupted"], err
+    assert err.strip().splitlines() == ["mok diff-grads: interrupted"], err
 
 
 _TEARDOWN = """
