@@ -175,8 +175,9 @@ def test_bad_timeout_environment_exits_2(no_workers, monkeypatch, capsys, value,
     monkeypatch.setenv("MOK_DIST_TIMEOUT_S", value)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"mok {' '.join(argv[:2] if argv[0] == 'golden' else argv[:1])}: MOK_DIST_TIMEOUT_S: expected a number of seconds in [0.001, 604800] (1 ms to 7 days), "
-                   f"got {value!r}")
+    command = " ".join(argv[:2] if argv[0] == "golden" else argv[:1])
+    assert err == (f"mok {command}: MOK_DIST_TIMEOUT_S: expected a number of seconds in [0.001, 604800] "
+                   f"(1 ms to 7 days), got {value!r}")
 
 
 def test_json_error_record(no_workers, capsys):
