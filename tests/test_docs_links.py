@@ -61,3 +61,34 @@ def test_a_dead_anchor_or_file_is_found(tmp_path):
                     "[gone](c.md) [web](https://example.com/x#y) [self](#nothing-here)\n")
     assert dead_links(page) == ["1: ](b.md#speed) (no heading #speed in b.md)", "2: ](c.md) (no file c.md)",
                                 "2: ](#nothing-here) (no heading #nothing-here in a.md)"]
+
+
+TEST_REF = re.compile(r"(tests/[\w/]+\.py)::(\w+)")  # tests/<path>.py::<test>, as docs name a behaviour's test
+
+
+def dead_test_refs(page: Path) -> list[str]:
+    """'line: ref (why)' for each `tests/<path>.py::<name>` of `page` whose file or test function is missing."""
+    dead = []
+    for n, line in enumerate(page.read_text().splitlines(), 1):
+        for m in TEST_REF.finditer(line):
+            path = ROOT / m.group(1)
+            if not path.is_file():
+                dead.append(f"{n}: {m.group(0)} (no file)")
+            elif not re.search(rf"^def {m.group(2)}\(", path.read_text(), re.M):
+                dead.append(f"{n}: {m.group(0)} (no test {m.group(2)})")
+    return dead
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))  # every page users or we read
+def test_every_named_test_exists(page):
+    assert dead_test_refs(page) == []
+
+
+def test_reliability_names_a_test_for_every_failure_mode():
+    """docs/reliability.md's failure modes each name their test: every table row of its golden-file section, and
+    the page as a whole names many."""
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    golden = text.split("## Golden files", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in golden.splitlines() if ln.startswith("| ") and not ln.startswith("| what goes wrong")]
+    assert rows and all(TEST_REF.search(ln) for ln in rows), [ln[:80] for ln in rows if not TEST_REF.search(ln)]
+    assert len(set(TEST_REF.findall(text))) >= 50

@@ -3,6 +3,8 @@ parallelism over 2 gloo processes gives the single-process bits (loss curve and 
 
 import importlib.util
 import os
+import platform
+import re
 import sys
 
 import pytest
@@ -66,6 +68,24 @@ def test_main_writes_curve_and_weights(example, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "weights_w1.safetensors").stat().st_size > 0
     assert torch.load(tmp_path / "losses_w1.pt").shape == (2,)
+
+
+_FIGURE = re.compile(r"`python examples/train_tiny_moe.py --steps (\d+)`\s+prints\s+`w1: final loss ([0-9.]+)`")
+_ENVIRONMENT = re.compile(r"\(Python\s+(\S+),\s+whose\s+standard\s+library\s+is\s+the\s+text;\s+torch\s+(\S+);\s+CPU\s+"
+                          r"capability\s+(\w+)\)")
+
+
+def test_documented_final_loss_is_what_the_example_prints(example):
+    """docs/usage.md's short-run figure is what the command beside it prints, in the environment the page names
+    (the text is the Python standard library's source; the dense ops' bits depend on torch and the CPU's ISA)."""
+    text = open(os.path.join(ROOT, "docs", "usage.md"), encoding="utf-8").read()
+    steps, loss = _FIGURE.search(text).groups()
+    documented = _ENVIRONMENT.search(text).groups()
+    here = (platform.python_version(), torch.__version__, torch.backends.cpu.get_cpu_capability())
+    if here != documented:
+        pytest.skip(f"docs/usage.md's figure is for Python, torch, CPU capability {documented}; here {here}")
+    losses, _ = example.run(example.Config(steps=int(steps)), 1, progress=False)
+    assert f"{losses[-1].item():.4f}" == loss
 
 
 def test_world_size_must_divide_micro_batches(example):

@@ -21,13 +21,19 @@ from safetensors.torch import load as load_bytes
 
 from ..testing.bits import bit_diff
 from ..testing.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
-from .files import remove_temp_files, safetensors_bytes, write_atomic
+from .files import FileProblem, read_bounded, remove_temp_files, safetensors_bytes, write_atomic
 from .._resources import golden_dir
 from ..reference import CONTRACT_VERSION
 
 GOLDEN_DIR = golden_dir()  # the wheel's copy, or the repository's golden/ in a source checkout
 MANIFEST = "manifest.json"
 INPUT_NAMES = LAYER_ARGS + ("dy",)
+# Bounds on what is read (each golden file is under 200 KiB, the manifest about 30 KiB): a golden file whose size is
+# not the manifest's `bytes` is a failure, and read (to name what differs) only if at most MAX_CASE_BYTES; a larger
+# one, and a manifest over MAX_MANIFEST_BYTES, are not read at all.
+MAX_CASE_BYTES = 16 * 2**20
+MAX_MANIFEST_BYTES = 2**20
+MANIFEST_KEYS = ("about", "cases", "contract_version")  # every key of the manifest's top level
 
 _B = dict(H=48, I=24, E=8)  # odd-ish sizes: every tree level has carries
 _FP8_W = (1, 2)  # E = 2: one expert per rank at W = 2
@@ -102,19 +108,30 @@ def compute_case(case: GoldenCase, device="cpu") -> dict:
 
 
 def _case_meta(case: GoldenCase) -> dict:
-    """The manifest fields that come from the case list (everything but the hashes)."""
+    """The manifest fields that come from the case list (everything but the file's size and hashes)."""
     return {"config": case.config.as_dict(), "seed": case.seed, "routing": case.routing, "precision": case.precision,
             "world_sizes": list(case.world_sizes), "note": case.note, "contract_version": CONTRACT_VERSION,
             "file": case.file}
 
 
-def manifest_entry(case: GoldenCase, tensors: dict) -> dict:
-    return {**_case_meta(case), "sha256": {k: tensor_sha256(v) for k, v in sorted(tensors.items())}}
+ENTRY_KEYS = ("bytes", "config", "contract_version", "file", "note", "precision", "routing", "seed", "sha256",
+              "world_sizes")
 
 
-def remove_stale_temp_files(golden_dir: Path) -> list[str]:
-    """Delete the temporary files a killed regen left in `golden_dir`; returns their names."""
-    return remove_temp_files(golden_dir, [MANIFEST] + [c.file for c in CASES])
+def manifest_entry(case: GoldenCase, tensors: dict, size: int) -> dict:
+    """The manifest entry of a file of `case` holding `tensors`, `size` bytes long."""
+    return {**_case_meta(case), "bytes": size, "sha256": {k: tensor_sha256(v) for k, v in sorted(tensors.items())}}
+
+
+def golden_paths() -> list[str]:
+    """The names regen writes in a golden directory: the manifest and every case's file."""
+    return [MANIFEST] + [c.file for c in CASES]
+
+
+def remove_stale_temp_files(golden_dir: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """Delete the temporary files a killed regen left in `golden_dir`: (names deleted, [(name, what it is)] of
+    entries with such names that are not regular files, left in place)."""
+    return remove_temp_files(golden_dir, golden_paths())
 
 
 def case_bytes(case: GoldenCase, tensors: dict) -> bytes:
@@ -123,12 +140,15 @@ def case_bytes(case: GoldenCase, tensors: dict) -> bytes:
 
 def read_manifest(golden_dir: Path = GOLDEN_DIR) -> dict:
     """The parsed manifest, {"cases": {name: entry}, ...}. Raises ValueError naming the file and the problem
-    (missing, unreadable, not JSON, no "cases" object)."""
+    (missing, not a regular file, over MAX_MANIFEST_BYTES, unreadable, not JSON, no "cases" object, a top-level key
+    other than MANIFEST_KEYS, a contract version other than this mok version's)."""
     path = Path(golden_dir) / MANIFEST
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, MAX_MANIFEST_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ValueError(f"{path}: expected a golden manifest, the file does not exist") from None
+    except FileProblem as e:
+        raise ValueError(str(e)) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot read it ({e})") from None
     try:
@@ -138,6 +158,12 @@ def read_manifest(golden_dir: Path = GOLDEN_DIR) -> dict:
     if not isinstance(doc, dict) or not isinstance(doc.get("cases"), dict):
         raise ValueError(f'{path}: expected an object with a "cases" object, got {type(doc).__name__} '
                          f'{"without" if isinstance(doc, dict) else "instead of"} "cases"')
+    unknown = sorted(set(doc) - set(MANIFEST_KEYS))
+    if unknown:
+        raise ValueError(f"{path}: expected only the keys {list(MANIFEST_KEYS)} at the top level, got also {unknown}")
+    if doc.get("contract_version") != CONTRACT_VERSION or isinstance(doc.get("contract_version"), bool):
+        raise ValueError(f"{path}: contract_version: expected {CONTRACT_VERSION} (this mok version's numerics "
+                         f"contract), got {doc.get('contract_version', 'none')!r}")
     return doc
 
 
@@ -147,7 +173,7 @@ load_manifest = read_manifest  # the name tests and tools used before
 def load_case(name: str, golden_dir: Path = GOLDEN_DIR) -> tuple[dict, dict]:
     """(inputs, expected outputs) of a stored case; absent shared tensors come back as None."""
     case = _case(name)
-    stored = load_bytes((Path(golden_dir) / case.file).read_bytes())
+    stored = load_bytes(read_bounded(Path(golden_dir) / case.file, MAX_CASE_BYTES))
     inputs = {k: stored.get(k) for k in INPUT_NAMES}
     outputs = {k: stored.get(k) for k in OUTPUT_NAMES}
     return inputs, outputs
@@ -179,6 +205,13 @@ def _entry_problems(case: GoldenCase, entry) -> list:
     if not isinstance(entry, dict):
         return [(MANIFEST, f"expected an object for case {case.name!r}, got {type(entry).__name__}")]
     out = []
+    unknown = sorted(set(entry) - set(ENTRY_KEYS))
+    if unknown:
+        out.append((MANIFEST, f"{case.name}: expected only the keys {list(ENTRY_KEYS)}, got also {unknown}"))
+    size = entry.get("bytes")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_CASE_BYTES:
+        out.append((MANIFEST, f"{case.name}.bytes: expected the file's size, an int in [1, {MAX_CASE_BYTES}], "
+                              f"got {size!r}"[:200]))
     for key, want in _case_meta(case).items():
         if key == "note":
             continue
@@ -190,6 +223,12 @@ def _entry_problems(case: GoldenCase, entry) -> list:
     sha = entry.get("sha256")
     if not isinstance(sha, dict):
         out.append((MANIFEST, f"{case.name}.sha256: expected an object of tensor hashes, got {sha!r}"[:200]))
+    else:
+        names = _expected_names(case)
+        for k in sorted(set(sha) - names):
+            out.append((MANIFEST, f"{case.name}.sha256: lists {k!r}, not a tensor of this case"[:200]))
+        for k in sorted(names - set(sha)):
+            out.append((MANIFEST, f"{case.name}.sha256: no hash for the tensor {k!r}"))
     return out
 
 
@@ -225,11 +264,25 @@ def _check(case: GoldenCase, golden_dir: Path, device: str, world_sizes, report:
         else:
             report.problems += _entry_problems(case, entry)
     path = golden_dir / case.file
+    size = entry.get("bytes") if isinstance(entry, dict) else None
     try:
-        stored = load_bytes(path.read_bytes())
+        data = read_bounded(path, MAX_CASE_BYTES)
     except FileNotFoundError:
         add((case.file, "missing"))
         return
+    except FileProblem as e:  # not a regular file, or too large to be a golden file: not read
+        if e.size is not None and not isinstance(size, bool) and isinstance(size, int):
+            add((case.file, f"expected {size} bytes (the manifest's size), got {e.size} (not read)"))
+        else:
+            add((case.file, str(e).replace(f"{path}: ", "", 1)))
+        return
+    except OSError as e:
+        add((case.file, f"cannot read it ({type(e).__name__}: {e.strerror or e})"))
+        return
+    if not isinstance(size, bool) and isinstance(size, int) and len(data) != size:
+        add((case.file, f"expected {size} bytes (the manifest's size), got {len(data)}"))
+    try:
+        stored = load_bytes(data)
     except Exception as e:  # noqa: BLE001 - any damage (bad header, truncation) is this case's failure
         add((case.file, f"cannot read it as safetensors ({type(e).__name__}: {e})"))
         return
@@ -322,19 +375,23 @@ def _tensor_changes(new: dict, old: dict) -> list:
     return out
 
 
-def regen_case(case: GoldenCase, golden_dir: Path = GOLDEN_DIR, force: bool = False):
-    """Recompute a case from its seed; write it if new, if only its bytes differ (same bits), or if its bits
-    differ and `force`. Returns (what changed as a CaseReport, manifest entry of the file now on disk or None,
-    status): status "written", "unchanged", "rewritten" (same bits, canonical bytes), "overwritten" or "refused".
+def regen_case(case: GoldenCase, golden_dir: Path = GOLDEN_DIR, force: bool = False, device="cpu"):
+    """Recompute a case from its seed (the reference on `device`); write it if new, if only its bytes differ (same
+    bits), or if its bits differ and `force`. Returns (what changed as a CaseReport, manifest entry of the file now
+    on disk or None, status): status "written", "unchanged", "rewritten" (same bits, canonical bytes), "overwritten"
+    or "refused". The old file is read only if regular and at most MAX_CASE_BYTES (FileProblem otherwise).
     """
-    tensors = compute_case(case)
+    tensors = compute_case(case, device)
     data = case_bytes(case, tensors)
-    entry = manifest_entry(case, tensors)
+    entry = manifest_entry(case, tensors, len(data))
     path = Path(golden_dir) / case.file
     report = CaseReport(case.name)
     status = "written"
-    if path.exists():
-        old_bytes = path.read_bytes()
+    try:
+        old_bytes = read_bounded(path, MAX_CASE_BYTES)
+    except FileNotFoundError:
+        old_bytes = None
+    if old_bytes is not None:
         if old_bytes == data:
             return report, entry, "unchanged"
         try:
@@ -345,7 +402,7 @@ def regen_case(case: GoldenCase, golden_dir: Path = GOLDEN_DIR, force: bool = Fa
         else:
             report.problems += _tensor_changes(tensors, old)
         if not report.ok and not force:
-            return report, (manifest_entry(case, old) if old is not None else None), "refused"
+            return report, (manifest_entry(case, old, len(old_bytes)) if old is not None else None), "refused"
         status = "rewritten" if report.ok else "overwritten"
     Path(golden_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)

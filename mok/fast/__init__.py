@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..reference import backend_fact, forward_facts, preflight
+from ..reference import backend_fact, check_versions, forward_facts, preflight
 from ._backward import run_backward
 from ._build import FastPathUnavailable, is_available
 from ._checks import check_dy, check_group, check_inputs
@@ -28,9 +28,12 @@ __all__ = ["forward", "backward", "FastContext", "EPContext", "FastPathUnavailab
            "router_losses_backward", "cast_pair_bf16"]
 
 
+@torch.no_grad()
 def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
             routed_down, *, group=None):
-    """MoE forward on Hopper GPUs: one GPU, or this rank's part of an expert-parallel layer.
+    """MoE forward on Hopper GPUs: one GPU, or this rank's part of an expert-parallel layer. Like
+    `mok.reference.forward`, it builds no autograd graph (torch.no_grad()) and `backward` raises if an input it
+    reads (x, topk_weight, the weights) was changed in place in between.
 
     Args:
         x: [T, H] bf16, CUDA, contiguous; H a multiple of 8.
@@ -56,8 +59,9 @@ def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, route
     if W == 1:
         dims = check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
                             routed_up, routed_down)
-        return run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
-                           routed_up, routed_down, dims)
+        y, ctx = run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
+                             routed_up, routed_down, dims)
+        return y, ctx.record_versions()
     dims, err = None, None
     try:
         dims = check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
@@ -67,13 +71,16 @@ def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, route
     except (TypeError, ValueError, RuntimeError) as e:  # raised on every rank by the pre-flight
         err = e
     preflight("forward", err, forward_facts(dims, x, "fast"), group)
-    return run_forward_ep(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
-                          routed_up, routed_down, dims, group)
+    y, ctx = run_forward_ep(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
+                            routed_up, routed_down, dims, group)
+    return y, ctx.record_versions()
 
 
+@torch.no_grad()
 def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32, separate_gate_up_grads=False,
              release_saved=False):
-    """MoE backward.
+    """MoE backward (no autograd graph). RuntimeError naming the input if x, topk_weight or a weight was changed in
+    place since `forward` (or `load_context`), on every rank of the group.
 
     Args:
         ctx: the context returned by `forward` (or rebuilt by `load_context`).
@@ -101,7 +108,7 @@ def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32, separate_
     err = None
     try:
         _check_backward_args(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
-    except (TypeError, ValueError) as e:  # raised on every rank by the pre-flight
+    except (TypeError, ValueError, RuntimeError) as e:  # raised on every rank by the pre-flight
         err = e
     preflight("backward", err, [backend_fact("fast")], ctx.group)
     return run_backward_ep(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
@@ -118,3 +125,4 @@ def _check_backward_args(ctx: FastContext, dy, weight_grad_dtype, separate_gate_
         raise ValueError("ctx: spent by an earlier backward with release_saved=True (its saved tensors are freed); "
                          "run the forward again")
     check_dy(dy, ctx.dims.T, ctx.dims.H, ctx.x_TH.device)
+    check_versions(ctx.versions, "mok.fast.forward", "mok.fast.backward")

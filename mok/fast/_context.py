@@ -53,10 +53,10 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
     pq_s, a_s = (pq_s, a_s) if has_shared else (None, None)
     if W == 1:
         return FastContext(dims, x, topk_weight, Schedule(offsets, None, rows, flag), x_RH, pq, a_RI, o_RH,
-                           (*routed, *shared), pq_s, a_s)
+                           (*routed, *shared), pq_s, a_s).record_versions()
     buf = _ep_buffer.get(group, x.device, dims.T, dims.H, dims.K, dims.S)
     return EPContext(dims, x, topk_weight, Schedule(offsets, rows, None, flag), x_RH, pq, a_RI, o_RH,
-                     (*routed, *shared), pq_s, a_s, buf=buf, group=group)
+                     (*routed, *shared), pq_s, a_s, buf=buf, group=group).record_versions()
 
 
 def _check_saved_args(saved, x, topk_idx, topk_weight, shared, routed, W: int) -> Dims:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..reference import Dims
+from ..reference import Dims, record_versions
 from . import _lib, _tiles
 from ._checks import gate_up_halves, stacked_gate_up
 from ._lib import Operand, Segment
@@ -42,6 +42,16 @@ class FastContext:
     weights: tuple                # (routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down)
     pq_s_T2S: torch.Tensor | None = None  # fp32 [T, 2S] the shared expert's [p | q]
     a_s_TS: torch.Tensor | None = None    # bf16 [T, S]
+    versions: tuple = ()  # version counters of the inputs backward reads (`record_versions`)
+
+    def record_versions(self) -> FastContext:
+        """Record the version counters of the inputs backward reads (x, topk_weight, the six weights), which
+        `mok.fast.backward` compares; returns self."""
+        rg, ru, rd, sg, su, sd = self.weights
+        self.versions = record_versions({"x": self.x_TH, "topk_weight": self.topk_weight_TK, "routed_gate": rg,
+                                         "routed_up": ru, "routed_down": rd, "shared_gate": sg, "shared_up": su,
+                                         "shared_down": sd})
+        return self
 
 
 def _empty(dev, dtype, *shape):

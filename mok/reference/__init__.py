@@ -11,7 +11,8 @@ Public API (everything else in this package is private):
   `rows_outer_sum`, `rowwise_dot`, `exp_exact`, `sigmoid_exact`, `silu_exact`, `dsilu_exact`,
   `log_exact_ge1`, `bf16`, `split_hi_lo`;
 - argument checks: `Dims`, `check_layer_args`, `check_expert_ids`, `check_grad_out`, `check_ep_split`,
-  `check_devices`, `check_route_args`, `check_score`, `check_context_args`;
+  `check_devices`, `check_route_args`, `check_score`, `check_context_args`; in-place edits between a
+  functional forward and its backward: `record_versions`, `check_versions`;
 - bit-preserving collectives: `world`, `all_gather_cat`, `all_gather_varlen`, `check_same_across_ranks`;
   the pre-flight every rank runs before an expert-parallel call: `preflight`, `forward_facts`, `backend_fact`.
 """
@@ -28,6 +29,7 @@ from ._router import (SCORES, check_route_args, check_score, gate_backward, gate
                       router_backward, router_forward, router_scores, split_hi_lo)
 from ._validate import (PRECISIONS, Dims, check_devices, check_ep_split, check_expert_ids, check_grad_out,
                         check_layer_args, check_precision)
+from ._versions import check_versions, record_versions
 
 __all__ = [
     "forward", "backward", "moe", "MoEFunction", "Ctx", "save_context", "load_context", "saved_fake",
@@ -38,7 +40,7 @@ __all__ = [
     "quantize_rows_1x128", "quantize_blocks_128x128", "dequantize_rows_1x128", "dequantize_blocks_128x128",
     "fp8_rows_1x128", "fp8_blocks_128x128", "PRECISIONS", "check_precision",
     "Dims", "check_layer_args", "check_expert_ids", "check_grad_out", "check_ep_split", "check_devices",
-    "check_route_args", "check_score", "check_context_args",
+    "check_route_args", "check_score", "check_context_args", "record_versions", "check_versions",
     "world", "all_gather_cat", "all_gather_varlen", "check_same_across_ranks", "preflight", "forward_facts",
     "backend_fact",
 ]

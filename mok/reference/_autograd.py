@@ -15,9 +15,11 @@ class MoEFunction(torch.autograd.Function):
     What backward needs goes through `save_for_backward` (PyTorch's version checks catch an
     in-place change of an input between forward and backward; `retain_graph=True` allows a
     second backward with the same bits). Double backward is not supported: with `create_graph=True`
-    the gradients come back attached to a node that raises PyTorch's usual error ("trying to
-    differentiate twice ...") when differentiated, as `@once_differentiable` does, but whether or not
-    dy requires grad (`@once_differentiable` returns them silently detached when it does not).
+    the gradients come back (same bits) as outputs of a node whose backward raises PyTorch's usual error
+    ("trying to differentiate twice ..."), as `@once_differentiable` does. That node takes the layer's inputs
+    that require grad (and dy, when it does) as its own inputs, so differentiating a gradient with respect
+    to any of them reaches it and raises: `autograd.grad(g, x)` included, which would otherwise find x
+    unused (an error, or None with `allow_unused=True`: a second derivative silently read as zero).
     The functional backward returns fp32 weight gradients; autograd casts each to its input's dtype.
     """
 
@@ -43,17 +45,20 @@ class MoEFunction(torch.autograd.Function):
             d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = layer.backward(ctx, dy.contiguous())
         grads = [d_x, None, d_w, d_sg, d_su, d_sd, d_rg, d_ru, d_rd, None, None]
         if torch.is_grad_enabled():  # create_graph=True
-            grads = _not_differentiable(grads)
+            anchors = [t for t in (x, w, sg, su, sd, rg, ru, rd, dy) if t.requires_grad]
+            grads = _not_differentiable(grads, anchors)
         return tuple(grads)
 
 
-def _not_differentiable(grads: list) -> list:
+def _not_differentiable(grads: list, anchors: list) -> list:
     """The tensors of `grads` (Nones kept) as outputs of a node whose backward raises PyTorch's
-    once-differentiable error."""
+    once-differentiable error; the node's inputs are the tensors of `grads` (detached) and `anchors`
+    (the tensors a second derivative may be taken with respect to), so the error is reached from any of them."""
     tensors = [g for g in grads if g is not None]
     err = _functions.DelayedError(b"trying to differentiate twice a function that was marked with "
-                                  b"@once_differentiable (mok.reference.moe has no double backward)", len(tensors))
-    out = err(*[g.detach().requires_grad_() for g in tensors])
+                                  b"@once_differentiable (mok.reference.moe has no double backward)",
+                                  len(tensors) + len(anchors))
+    out = err(*[g.detach().requires_grad_() for g in tensors], *anchors)
     out = iter(out if isinstance(out, tuple) else (out,))
     return [next(out) if g is not None else None for g in grads]
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from . import _comm as comm
-from ._layer import Ctx, ExpertRows, forward_facts
+from ._layer import LAYER_ARGS, Ctx, ExpertRows, forward_facts
 from ._validate import check_layer_args, check_precision
+from ._versions import record_versions
 
 N_SAVED = 9
 
@@ -54,7 +55,8 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
                  precision: str = "bf16") -> Ctx:
     """Rebuild the `Ctx` of `forward(x, topk_idx, topk_weight, *shared, *routed, group=group,
     precision=precision)` from `save_context`'s tensors (the layer inputs as given to forward; gathers
-    them again under W > 1).
+    them again under W > 1). The inputs' version counters are recorded now: `backward` raises if one is changed in
+    place before it runs.
 
     With W > 1 this is the first collective call of a backward, so like `forward` and `backward` it
     begins with the pre-flight (`_comm.preflight`), before it gathers anything: a rank whose arguments
@@ -86,7 +88,8 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
                topk_idx_NK=comm.all_gather_cat(topk_idx.contiguous(), group),
                topk_weight_NK=comm.all_gather_cat(topk_weight.contiguous(), group),
                o_TKH=o_TKH, experts=experts, shared=tuple(shared), routed=tuple(routed), shared_rows=shared_rows,
-               precision=precision)
+               precision=precision,
+               versions=record_versions(dict(zip(LAYER_ARGS, (x, topk_idx, topk_weight, *shared, *routed)))))
 
 
 def saved_fake(x, topk_idx, shared: tuple, routed: tuple, rows: int | torch.SymInt) -> list[torch.Tensor]:

@@ -22,6 +22,7 @@ from . import _comm as comm
 from ._exact import bf16, dsilu_exact, matmul_exact, rows_outer_sum, rowwise_dot, silu_exact
 from ._fp8 import fp8_blocks_128x128, fp8_rows_1x128
 from ._validate import PRECISIONS, Dims, check_expert_ids, check_grad_out, check_layer_args, check_precision
+from ._versions import check_versions, record_versions
 
 
 def _as_is(t: torch.Tensor) -> torch.Tensor:
@@ -31,6 +32,9 @@ def _as_is(t: torch.Tensor) -> torch.Tensor:
 # precision -> (rounding of a GEMM's activation operand [R, D], rounding of its weight operand [N, D]);
 # a weight's 128x128 blocks are those of the tensor as given, also where the backward uses its transpose
 OPERANDS = {"bf16": (_as_is, _as_is), "fp8": (fp8_rows_1x128, fp8_blocks_128x128)}
+
+LAYER_ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down",
+              "routed_gate", "routed_up", "routed_down")
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Ctx:
     routed: tuple  # (gate_LIH, up_LIH, down_LHI)
     shared_rows: ExpertRows | None  # this rank's T tokens
     precision: str = "bf16"  # a key of OPERANDS
+    versions: tuple = ()  # the inputs' version counters at forward (`_versions.record_versions`)
 
 
 def _swiglu_expert(x_RH, w_gate_IH, w_up_IH, w_down_HI, precision: str):
@@ -122,11 +127,13 @@ def forward_facts(d: Dims | None, x, backend: str = "reference", precision: str 
             ("precision", "recipe (0 bf16, 1 fp8)", prec)]
 
 
+@torch.no_grad()
 def forward(
     x, topk_idx, topk_weight, shared_gate, shared_up, shared_down,
     routed_gate, routed_up, routed_down, *, group=None, precision="bf16",
 ):
-    """Reference MoE forward (docs/layer.md).
+    """Reference MoE forward (docs/layer.md). Builds no autograd graph (it runs under torch.no_grad(): inputs
+    that require grad give the same bits, and y and ctx carry no graph); for autograd use `moe` or `mok.moe`.
 
     Args:
         x: [T, H] bf16, this rank's tokens.
@@ -175,7 +182,9 @@ def forward(
     y = _ordered_sum(s, o_TKH, topk_weight)
     ctx = Ctx(dims=d, group=group, rank=rank, x_NH=x_NH, topk_idx_NK=idx_NK, topk_weight_NK=w_NK,
               o_TKH=o_TKH, experts=experts, shared=(shared_gate, shared_up, shared_down),
-              routed=(routed_gate, routed_up, routed_down), shared_rows=shared_rows, precision=precision)
+              routed=(routed_gate, routed_up, routed_down), shared_rows=shared_rows, precision=precision,
+              versions=record_versions(dict(zip(LAYER_ARGS, (x, topk_idx, topk_weight, shared_gate, shared_up,
+                                                             shared_down, routed_gate, routed_up, routed_down)))))
     return y, ctx
 
 
@@ -198,8 +207,11 @@ def _swiglu_expert_backward(go_RH, x_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w
     return dx, rows_outer_sum(dg, x_RH), rows_outer_sum(du, x_RH), rows_outer_sum(go_RH, rows.a)
 
 
+@torch.no_grad()
 def backward(ctx: Ctx, dy):
-    """Reference MoE backward (docs/layer.md).
+    """Reference MoE backward (docs/layer.md). Builds no autograd graph (torch.no_grad()). An input of the
+    forward changed in place since (its version counter moved, as autograd checks saved tensors) raises
+    RuntimeError naming it, on every rank of the group.
 
     Args:
         ctx: from `forward`; its recipe (`ctx.precision`) is the forward's.
@@ -217,6 +229,7 @@ def backward(ctx: Ctx, dy):
     err = None
     try:
         check_grad_out(dy, d.T, d.H, ctx.x_NH.device)
+        check_versions(ctx.versions, "mok.reference.forward", "mok.reference.backward")
     except Exception as e:  # noqa: BLE001 - the pre-flight raises it on every rank of the group
         err = e
     comm.preflight("backward", err, [backend_fact("reference")], group)

@@ -38,9 +38,11 @@ import torch.multiprocessing as mp
 
 from .stacks import ask_stacks, stacks_on_request, where_text
 
-# torch.distributed.nn.functional first: imported before any process group exists it binds none (see
+# mok.testing._fork_server first: the fork server ignores Ctrl-C from then on, and removes its socket's directory when
+# it exits. torch.distributed.nn.functional before mok: imported before any process group exists it binds none (see
 # mok/reference/_comm.py), so destroy_process_group really stops a worker's gloo threads
-_PRELOAD = ["torch", "torch.distributed", "torch.distributed.nn.functional", "mok.testing.runner", "mok.reference"]
+_PRELOAD = ["mok.testing._fork_server", "torch", "torch.distributed", "torch.distributed.nn.functional",
+            "mok.testing.runner", "mok.reference"]
 TIMEOUT_ENV = "MOK_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 120.0  # collective (and rendezvous) timeout of the workers' process group
 # its bounds: gloo counts whole milliseconds (1e-9 s would be a 0 ms timeout), and much above a week gets
@@ -314,6 +316,23 @@ def _signals_deferred():
             signal.raise_signal(s)
 
 
+def _start_fork_server() -> None:
+    """Start this process's fork server, if not running, with SIGINT blocked: it unblocks SIGINT once it ignores it
+    (mok.testing._fork_server), so a Ctrl-C while it starts and imports torch prints no traceback from it. The
+    resource tracker is started first: starting it unblocks SIGINT in the calling thread (multiprocessing's own
+    masking around its start)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    mp.set_forkserver_preload(_PRELOAD)  # effective when this process first starts its fork server
+    resource_tracker.ensure_running()
+    with _signals_deferred():
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def check_world_size(world_size, device: str = "cpu") -> int:
     """W: an int >= 1 (on cuda, ranks beyond the GPU count share GPUs)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -348,7 +367,7 @@ def launch(fn, args: tuple = (), world_size: int = 1, *, device: str = "cpu", th
         raise ValueError(f"threads: expected an int >= 1, got {threads!r}")
     timeout_s = timeout_from_env() if timeout_s is None else check_timeout(timeout_s)
     ctx = mp.get_context("forkserver")
-    mp.set_forkserver_preload(_PRELOAD)  # effective when this process first starts its fork server
+    _start_fork_server()
     procs: list = []
     tmp = None
     with sigterm_exits():

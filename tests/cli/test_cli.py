@@ -76,7 +76,7 @@ def test_diff_grads_fast_impl_arguments_are_checked_before_any_process(argv, fla
     monkeypatch.setattr(cli, "_require_device", lambda device: None)
     assert main(["diff-grads", "--seeds", "0", "1", "--world-sizes", "1", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"mok: {flag}: "), err
+    assert err.startswith(f"mok diff-grads: {flag}: "), err
 
 
 def test_diff_grads_needs_two_seeds():
@@ -132,6 +132,12 @@ def no_workers(monkeypatch):
     (["diff-grads", "--device", "cuda"], "--device: expected a CUDA GPU"),
     # ... and in verify
     (["verify", "--device", "cuda"], "--device: expected a CUDA GPU"),
+    # ... and in golden check
+    (["golden", "check", "--device", "cuda"], "--device: expected a CUDA GPU"),
+    # ... and in golden regen (was: exit 0, computed on the CPU)
+    (["golden", "regen", "--device", "cuda", "--dir", "/proc/nope"], "--device: expected a CUDA GPU"),
+    # --force belongs to regen: check does not take it silently
+    (["golden", "check", "--force"], "unrecognized arguments: --force"),
     # an unknown flag
     (["verify", "--bogus"], "unrecognized arguments: --bogus"),
     # a golden directory that does not exist
@@ -142,6 +148,8 @@ def no_workers(monkeypatch):
     (["golden", "regen", "--dir", "/proc"], "--dir: expected a directory that can be created and written"),
     # an unknown golden action
     (["golden", "fix"], "argument action: invalid choice: 'fix'"),
+    # no golden action
+    (["golden"], "the following arguments are required: action"),
     # no command at all
     ([], "the following arguments are required: command"),
 ])
@@ -167,14 +175,68 @@ def test_bad_timeout_environment_exits_2(no_workers, monkeypatch, capsys, value,
     monkeypatch.setenv("MOK_DIST_TIMEOUT_S", value)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("mok: MOK_DIST_TIMEOUT_S: expected a number of seconds in [0.001, 604800] (1 ms to 7 days), "
-                   f"got {value!r}")
+    command = " ".join(argv[:2] if argv[0] == "golden" else argv[:1])
+    assert err == (f"mok {command}: MOK_DIST_TIMEOUT_S: expected a number of seconds in [0.001, 604800] "
+                   f"(1 ms to 7 days), got {value!r}")
 
 
 def test_json_error_record(no_workers, capsys):
     assert main(["diff-grads", "--threads", "0", "--json"]) == 2
     rec = json.loads(capsys.readouterr().out)
-    assert rec == {"command": "diff-grads", "error": "mok: --threads: expected an int >= 1, got 0", "exit_code": 2}
+    assert rec == {"command": "diff-grads", "error": "mok diff-grads: --threads: expected an int >= 1, got 0",
+                   "exit_code": 2}
+
+
+@pytest.mark.parametrize("argv, prefix", [
+    (["diff-grads", "--world-sizes", "a"], "mok diff-grads: argument --world-sizes"),  # argparse's own check
+    (["diff-grads", "--threads", "0"], "mok diff-grads: --threads:"),                 # mok's validation
+    (["diff-grads", "--bogus"], "mok diff-grads: unrecognized arguments"),           # an unknown flag
+    (["golden", "check", "--dir", "/nonexistent/golden"], "mok golden check: --dir:"),
+    (["golden", "regen", "--dir", "/proc/nope"], "mok golden regen: --dir:"),
+    (["golden", "regen", "--bogus"], "mok golden regen: unrecognized arguments"),
+    (["golden", "fix"], "mok golden: argument action"),
+    (["verify", "--bogus"], "mok verify: unrecognized arguments"),
+    (["bogus"], "mok: argument command: invalid choice"),  # no command to name
+])
+def test_every_error_has_one_prefix_style(no_workers, capsys, argv, prefix):
+    """"mok <command>: " for parsing and validation errors alike (was: `mok diff-grads:` from argparse, `mok:` from
+    validation)."""
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(prefix + " " if prefix.endswith(":") else prefix)
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["golden", "check", "--device", "cuda", "--json"], "golden check"),  # a validation error
+    (["golden", "regen", "--bogus", "--json"], "golden regen"),          # a parsing error
+])
+def test_json_error_record_names_the_golden_action(no_workers, capsys, argv, command):
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert main(argv) == 2
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["command"] == command and rec["error"].startswith(f"mok {command}: ") and rec["exit_code"] == 2
+
+
+@pytest.mark.parametrize("action, has, lacks", [
+    ("check", "Check every golden case", "--force"),  # check's own help: no regen-only flag
+    ("regen", "--force", "Check every golden case"),   # regen's own help
+])
+def test_golden_action_help_is_its_own(capsys, action, has, lacks):
+    with pytest.raises(SystemExit) as info:
+        main(["golden", action, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: mok golden {action} ") and has in out and lacks not in out, out
+
+
+def test_diff_grads_help_gives_every_option_a_text_and_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["diff-grads", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for flag, default in (("--seeds", "0 1 2"), ("--world-sizes", "1 2 4"), ("--reruns", "2"), ("--threads", "1"),
+                          ("--device", "cpu"), ("--routing", "random")):
+        text = out.split(f" {flag} ", 1)[1]
+        assert f"(default: {default})" in text.split(" --", 1)[0], (flag, text[:200])
 
 
 def test_version(capsys):
@@ -327,7 +389,7 @@ def test_golden_regen_write_failure_is_one_line_and_status_1(fail_on, done, left
     assert main(["golden", "regen", "--dir", str(d), "--json"]) == 1
     cap = capsys.readouterr()
     err = cap.err.strip()
-    assert err.startswith(f"mok: golden regen: could not read or write {str(d / fail_on)!r} (OSError: No space left on "
+    assert err.startswith(f"mok golden regen: could not read or write {str(d / fail_on)!r} (OSError: No space left on "
                           f"device); {len(left)} case(s) not regenerated"), err
     assert "Traceback" not in cap.err and len(err.splitlines()) == 1
     summary = json.loads(cap.out.splitlines()[-1])

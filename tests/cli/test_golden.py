@@ -103,7 +103,7 @@ def _flip_header_byte(p: Path):
 DAMAGES = {  # name -> (damage to the copy of the goldens, the failing cases, a phrase of the report)
     "flipped header byte": (lambda d: _flip_header_byte(d / "k1.safetensors"), ["k1"], "cannot read it"),
     "truncated file": (lambda d: (d / "k1.safetensors").write_bytes((d / "k1.safetensors").read_bytes()[:1000]),
-                       ["k1"], "cannot read it"),
+                       ["k1"], "(the manifest's size), got 1000"),
     "deleted file": (lambda d: (d / "k1.safetensors").unlink(), ["k1"], "k1.safetensors: missing"),
     "bad JSON": (lambda d: (d / "manifest.json").write_text("{not json"), NAMES, "invalid JSON"),
     "empty manifest": (lambda d: (d / "manifest.json").write_bytes(b""), NAMES, "invalid JSON"),
@@ -120,7 +120,38 @@ DAMAGES = {  # name -> (damage to the copy of the goldens, the failing cases, a 
     "no cases": (lambda d: _manifest(d, lambda m: m.update(cases={})), NAMES, "no entry for case"),
     "unknown case": (lambda d: _manifest(d, lambda m: m["cases"].update(zz={})), ["zz"], "does not define"),
     "self-consistent other seed": (lambda d: _other_seed(d, "k1"), ["k1"], "drawn from the case's seed"),
+    # a file that is not a regular file, or larger than the manifest says, is refused unread, naming it
+    "case file a directory": (lambda d: _replace(d / "k1.safetensors", Path.mkdir), ["k1"],
+                              "k1.safetensors: expected a regular file, got a directory"),
+    "case file a char device": (lambda d: _replace(d / "k1.safetensors", lambda p: p.symlink_to("/dev/null")), ["k1"],
+                                "k1.safetensors: expected a regular file, got a character device"),
+    "manifest a directory": (lambda d: _replace(d / "manifest.json", Path.mkdir), NAMES,
+                             "manifest.json: expected a regular file, got a directory"),
+    "manifest over 1 MiB": (lambda d: (d / "manifest.json").write_text(
+        (d / "manifest.json").read_text() + " " * 2**20), NAMES, "manifest.json: expected at most 1048576 bytes"),
+    # keys and versions this mok version does not know are refused, not ignored
+    "contract_version 99": (lambda d: _manifest(d, lambda m: m.update(contract_version=99)), NAMES,
+                            "contract_version: expected 1 (this mok version's numerics contract), got 99"),
+    "no contract_version": (lambda d: _manifest(d, lambda m: m.pop("contract_version")), NAMES,
+                            "contract_version: expected 1 (this mok version's numerics contract), got 'none'"),
+    "unknown top-level key": (lambda d: _manifest(d, lambda m: m.update(extra=1)), NAMES, "got also ['extra']"),
+    "unknown case key": (lambda d: _manifest(d, lambda m: m["cases"]["k1"].update(extra=1)), ["k1"],
+                         "k1: expected only the keys"),
+    "case contract_version 99": (lambda d: _manifest(d, lambda m: m["cases"]["k1"].update(contract_version=99)),
+                                 ["k1"], "k1.contract_version: expected 1"),
+    "extra sha256 key": (lambda d: _manifest(d, lambda m: m["cases"]["k1"]["sha256"].update(bogus="0" * 64)), ["k1"],
+                         "k1.sha256: lists 'bogus', not a tensor of this case"),
+    "sha256 key missing": (lambda d: _manifest(d, lambda m: m["cases"]["k1"]["sha256"].pop("y")), ["k1"],
+                           "k1.sha256: no hash for the tensor 'y'"),
+    "bytes missing": (lambda d: _manifest(d, lambda m: m["cases"]["k1"].pop("bytes")), ["k1"],
+                      "k1.bytes: expected the file's size"),
 }
+
+
+def _replace(path: Path, make) -> None:
+    """`path` deleted, then made again by make(path) (a directory, a symlink, ...)."""
+    path.unlink()
+    make(path)
 
 
 def _other_seed(d: Path, name: str):
@@ -132,7 +163,8 @@ def _other_seed(d: Path, name: str):
     case = replace(CASE_BY_NAME[name], seed=99)
     tensors = compute_case(case)
     save_file(tensors, str(d / case.file))
-    _manifest(d, lambda m: m["cases"][name].update(sha256=manifest_entry(case, tensors)["sha256"]))
+    entry = manifest_entry(case, tensors, (d / case.file).stat().st_size)
+    _manifest(d, lambda m: m["cases"][name].update(sha256=entry["sha256"], bytes=entry["bytes"]))
 
 
 @pytest.mark.parametrize("damage", DAMAGES)  # every damage of DAMAGES above: damaged files, manifests, world sizes
@@ -253,8 +285,160 @@ def test_kill_during_regen_leaves_the_old_files(golden_copy, capsys, victim):
 def test_regen_rebuilds_an_empty_manifest(golden_copy, capsys):
     (golden_copy / "manifest.json").write_bytes(b"")  # what a kill mid-write left before writes were atomic
     assert main(["golden", "regen", "--dir", str(golden_copy)]) == 0
-    assert "manifest.json: unreadable, rebuilt" in capsys.readouterr().out
+    assert "manifest.json: not usable, rebuilt" in capsys.readouterr().out
     assert (golden_copy / "manifest.json").read_bytes() == (GOLDEN_DIR / "manifest.json").read_bytes()
+
+
+_CHECK_W1 = """
+import sys
+from mok.cli.golden import check_all
+reports = check_all(sys.argv[1], world_sizes=(1,))
+for r in reports:
+    for k, p in r.problems:
+        print(f"{r.name}|{k}: {p}")
+"""
+
+
+@pytest.mark.parametrize("damage, failing, phrase", [
+    # a FIFO as the manifest: every case fails naming it (was: blocked until killed)
+    ("manifest FIFO", NAMES, "manifest.json: expected a regular file, got a FIFO"),
+    # a FIFO as a case's file
+    ("case FIFO", ["k1"], "k1.safetensors: expected a regular file, got a FIFO"),
+    # /dev/zero behind a case's name (was: read until memory ran out)
+    ("case /dev/zero", ["k1"], "k1.safetensors: expected a regular file, got a character device"),
+    # /dev/zero as the manifest
+    ("manifest /dev/zero", NAMES, "manifest.json: expected a regular file, got a character device"),
+    # a 3 GiB sparse file (was: read whole, 3.4 GB and 21 s)
+    ("case sparse 3 GiB", ["k1"], "bytes (the manifest's size), got 3221225472 (not read)"),
+], ids=["manifest FIFO", "case FIFO", "case /dev/zero", "manifest /dev/zero", "case sparse 3 GiB"])
+def test_check_refuses_what_would_hang_or_fill_memory(golden_copy, damage, failing, phrase):
+    """Run in a child process with a time and memory bound (2 GiB of address space, 2.5 times what it needs), so a
+    regression fails instead of hanging the suite or filling the machine's memory."""
+    import resource
+    import subprocess
+    import sys
+
+    target = golden_copy / ("manifest.json" if damage.startswith("manifest") else "k1.safetensors")
+    if "sparse" in damage:
+        os.truncate(target, 3 * 2**30)
+    else:
+        target.unlink()
+        if "FIFO" in damage:
+            os.mkfifo(target)
+        else:
+            target.symlink_to("/dev/zero")
+
+    def bound_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+    r = subprocess.run([sys.executable, "-c", _CHECK_W1, str(golden_copy)], capture_output=True, text=True,
+                       timeout=120, preexec_fn=bound_memory)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert sorted({ln.split("|")[0] for ln in lines}) == sorted(failing), r.stdout
+    assert all(any(ln.startswith(f"{n}|") and phrase in ln for ln in lines) for n in failing), r.stdout
+
+
+@pytest.mark.parametrize("umask", [
+    0o022,  # the usual: files 0644, readable by every user
+    0o027,  # group-readable only: 0640
+], ids=oct)
+def test_regen_writes_files_with_the_umask_permissions(tmp_path, capsys, umask):
+    """As open(path, "w") would create them (was: 0600 for every file, so a root regen of an installed package
+    made `golden check` fail for every other user)."""
+    import stat
+
+    old = os.umask(umask)
+    try:
+        assert main(["golden", "regen", "--dir", str(tmp_path / "g")]) == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "g").iterdir()}
+    assert sorted(modes) == sorted(p.name for p in GOLDEN_DIR.iterdir())
+    assert set(modes.values()) == {0o666 & ~umask}, {k: oct(v) for k, v in modes.items()}
+
+
+def test_regen_leaves_a_non_regular_entry_with_a_temporary_name(golden_copy, capsys):
+    """A directory named like regen's temporary files is not one of them: left in place, said so (was: an
+    IsADirectoryError traceback)."""
+    (golden_copy / ".base.safetensors.x.tmp").mkdir()
+    assert main(["golden", "regen", "--dir", str(golden_copy)]) == 0
+    out = capsys.readouterr().out
+    assert "left .base.safetensors.x.tmp in place: a directory, not a temporary file of mok golden regen" in out
+    assert (golden_copy / ".base.safetensors.x.tmp").is_dir()
+
+
+@pytest.mark.parametrize("name, make, what", [
+    ("k1.safetensors", Path.mkdir, "a directory"),  # a directory where a case's file goes
+    ("manifest.json", os.mkfifo, "a FIFO"),         # a FIFO as the manifest: reading it would block
+], ids=["case file a directory", "manifest a FIFO"])
+def test_regen_refuses_a_non_regular_file_at_a_golden_name(golden_copy, name, make, what):
+    """Exit 2 naming the file, before anything is computed or written (in a child process with a time bound: a
+    FIFO once blocked regen until killed)."""
+    import subprocess
+    import sys
+
+    _replace(golden_copy / name, make)
+    before = {p.name: p.read_bytes() for p in golden_copy.iterdir() if p.is_file()}
+    r = subprocess.run([sys.executable, "-m", "mok.cli.main", "golden", "regen", "--force", "--dir", str(golden_copy)],
+                       capture_output=True, text=True, timeout=120, env=_subprocess_env())
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == (f"mok golden regen: --dir: expected a regular file or nothing at "
+                                f"{str(golden_copy / name)!r}, got {what}; remove it or pick another --dir")
+    assert {p.name: p.read_bytes() for p in golden_copy.iterdir() if p.is_file()} == before  # nothing written
+
+
+def _subprocess_env():
+    root = Path(__file__).resolve().parents[2]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_regen_piped_into_head_finishes_the_work(golden_copy):
+    """`mok golden regen --force | head -1`: the reader goes away after the first line; regen still rewrites every
+    case and then the manifest, so files and manifest agree (was: it stopped at the next line, the manifest not
+    rewritten, and the next check failed)."""
+    import subprocess
+    import sys
+
+    for name in ("base", "t1"):  # the first case and the last one differ: both must be rewritten
+        _corrupt(golden_copy, name, "d_x")
+    p = subprocess.Popen([sys.executable, "-m", "mok.cli.main", "golden", "regen", "--force", "--dir",
+                          str(golden_copy)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_subprocess_env())
+    first = p.stdout.readline()
+    p.stdout.close()  # what `head -1` does
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 0, err
+    assert first.startswith(b"base: OVERWRITTEN"), first
+    assert b"Traceback" not in err, err
+    assert [r.name for r in check_all(golden_copy, world_sizes=(1,)) if not r.ok] == []
+    assert all((golden_copy / n).read_bytes() == (GOLDEN_DIR / n).read_bytes() for n in os.listdir(GOLDEN_DIR))
+
+
+def test_regen_waits_for_another_regen_of_the_same_directory(golden_copy):
+    """Regens of one directory are serialised by a lock on the directory: a second one waits (saying so) and only
+    then cleans up temporary files, so it never deletes the first one's file in flight (was: it did, and the
+    first failed with FileNotFoundError)."""
+    import subprocess
+    import sys
+
+    from mok.cli.files import directory_lock
+
+    in_flight = golden_copy / ".base.safetensors.abc123.tmp"  # as another regen's write in progress
+    with directory_lock(golden_copy, exclusive=True):
+        in_flight.write_bytes(b"partial")
+        p = subprocess.Popen([sys.executable, "-m", "mok.cli.main", "golden", "regen", "--dir", str(golden_copy)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_subprocess_env())
+        try:
+            line = p.stderr.readline()  # the waiting line, or "" if it finished without waiting
+            assert line.strip() == (f"mok golden regen: waiting for another process's `mok golden regen or check` of "
+                                    f"{str(golden_copy)!r} to finish"), (line, p.communicate(timeout=120))
+            assert in_flight.read_bytes() == b"partial" and p.poll() is None
+        except BaseException:
+            p.kill()
+            raise
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, out + err
+    assert f"removed {in_flight.name}" in out and not in_flight.exists()
 
 
 # ---------------------------------------------------------------- installation

@@ -56,6 +56,36 @@ def test_bad_dy_raises(inputs):
         mok.fast.backward(object(), inputs["dy"])
 
 
+@pytest.mark.parametrize("arg, edit", [
+    ("routed_down", lambda t: t.mul_(2)),  # a routed weight scaled in place (an optimizer step)
+    ("x", lambda t: t.zero_()),            # the activations reused as a buffer
+    ("topk_weight", lambda t: t.add_(1)),  # the router's weights
+], ids=["routed_down", "x", "topk_weight"])
+def test_inplace_edit_between_forward_and_backward_raises_naming_it(inputs, arg, edit):
+    """As autograd's version counters do for saved tensors: never gradients of the edited inputs."""
+    _, ctx = mok.fast.forward(*_args(inputs))
+    edit(inputs[arg])
+    with pytest.raises(RuntimeError, match=rf"^{arg}: modified by an inplace operation between mok.fast.forward and "
+                                           r"mok.fast.backward"):
+        mok.fast.backward(ctx, inputs["dy"])
+
+
+def test_inputs_that_require_grad_give_the_same_bits_and_no_graph(inputs):
+    """nn.Parameters: y and the gradients carry no autograd graph, with the bits of plain tensors."""
+    want_y, want_ctx = mok.fast.forward(*_args(inputs))
+    want = mok.fast.backward(want_ctx, inputs["dy"])
+    params = {a: (torch.nn.Parameter(v.clone()) if v is not None and v.is_floating_point() else v)
+              for a, v in inputs.items()}
+    y, ctx = mok.fast.forward(*_args(params))
+    assert not y.requires_grad and y.grad_fn is None
+    assert_bitwise_equal(y, want_y, "y")
+    got = mok.fast.backward(ctx, inputs["dy"])
+    for name, g, w in zip(OUTPUT_NAMES[1:], got, want, strict=True):
+        if w is not None:
+            assert not g.requires_grad, name
+            assert_bitwise_equal(g, w, name)
+
+
 def test_group_that_is_not_a_process_group_raises(inputs):
     with pytest.raises(TypeError, match="^group: expected a torch.distributed ProcessGroup or None"):
         mok.fast.forward(*_args(inputs), group=object())

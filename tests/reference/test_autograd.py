@@ -138,3 +138,21 @@ def test_create_graph_gives_gradients_whose_backward_raises(impl, dy_requires_gr
     assert gx.requires_grad and gx.grad_fn is not None
     with pytest.raises(RuntimeError, match="differentiate twice|no autograd formula"):
         (gx.float().sum() + gw.float().sum()).backward()
+
+
+@pytest.mark.parametrize("impl", IMPLS)  # reference.moe and ops.moe (the public op)
+@pytest.mark.parametrize("wrt", [
+    "x",            # d/dx of d_x: the second derivative a user asks for first
+    "routed_gate",  # d/dw of d_x: a weight, reached only through the gradient's graph
+])
+def test_second_derivative_with_respect_to_an_input_raises(impl, wrt):
+    """autograd.grad of a gradient with respect to an input of the layer reaches the node that refuses double
+    backward: an error, never None read as a zero second derivative (allow_unused=True) nor "appears to not have
+    been used in the graph"."""
+    inputs = make_inputs(SMALL, seed=7)
+    leaves = _leaves(inputs)
+    y = IMPLS[impl](*(leaves[a] for a in LAYER_ARGS))
+    loss = (y.float() * inputs["dy"].float()).sum()
+    (gx,) = torch.autograd.grad(loss, leaves["x"], create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice|no autograd formula"):
+        torch.autograd.grad(gx.float().sum(), leaves[wrt], allow_unused=True)

@@ -287,8 +287,9 @@ def _start(tmp_path: Path, argv: list, ready) -> tuple:
 
 
 def _assert_all_gone(p, family: set, tmp_path: Path, temp_dirs_removed: bool = True) -> tuple:
-    """The process exits within BOUND_S, every process it started is gone soon after, and no
-    mok-dist-* directory is left (unless not expected). Returns (returncode, stdout, stderr)."""
+    """The process exits within BOUND_S, every process it started is gone soon after, no multiprocessing
+    directory (pymp-*, the fork server's socket) is left, and no mok-dist-* directory either (unless not expected).
+    Returns (returncode, stdout, stderr)."""
     try:
         out, err = p.communicate(timeout=BOUND_S)
     except subprocess.TimeoutExpired:
@@ -298,6 +299,7 @@ def _assert_all_gone(p, family: set, tmp_path: Path, temp_dirs_removed: bool = T
     while _alive(family) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _alive(family) == set(), f"left running: {_alive(family)}; {out} {err}"
+    assert [d.name for d in (tmp_path / "tmp").iterdir() if d.name.startswith("pymp-")] == []
     left = sorted(d.name for d in (tmp_path / "tmp").iterdir() if d.name.startswith("mok-dist-"))
     assert (left == []) == temp_dirs_removed, left
     return p.returncode, out, err
@@ -336,7 +338,7 @@ def test_signals_stop_every_process(tmp_path, how):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [
     (signal.SIGTERM, 143),  # SIGTERM to the CLI process alone: 128 + 15
-    (signal.SIGINT, 130),   # Ctrl-C to the process group: 128 + 2, "mok: interrupted"
+    (signal.SIGINT, 130),   # Ctrl-C to the process group: 128 + 2, "mok diff-grads: interrupted"
 ])
 def test_cli_signal_while_workers_run(tmp_path, sig, code):
     """`mok diff-grads`, interrupted while its W = 4 workers exist: exit 143 / 130 in bounded time,
@@ -351,7 +353,47 @@ def test_cli_signal_while_workers_run(tmp_path, sig, code):
     rc, out, err = _assert_all_gone(p, family, tmp_path)
     assert rc == code, out + err
     if sig == signal.SIGINT:
-        assert err.strip().splitlines()[-1] == "mok: interrupted"
+        assert err.strip().splitlines()[-1] == "mok diff-grads: interrupted"
+
+
+def _fork_server_started(p) -> bool:
+    """Whether a fork server process runs under `p` (while it imports torch, before any worker exists)."""
+    for pid, _ in _descendants(p.pid):
+        try:
+            if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay_s", [
+    0.0,  # as soon as the fork server process exists: Python still starting
+    0.3,  # while it imports torch (seconds on a loaded 2-core machine)
+])
+def test_ctrl_c_while_the_fork_server_starts_prints_no_traceback(tmp_path, delay_s):
+    """Ctrl-C to the process group before any worker exists: `mok diff-grads: interrupted`, exit 130, and no
+    KeyboardInterrupt traceback from the fork server (it ignores SIGINT from its first import on), nothing left."""
+    argv = [sys.executable, "-m", "mok.cli.main", "diff-grads", "--config", "tiny", "--world-sizes", "2", "--seeds",
+            "0", "1", "--no-progress"]
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen(argv, env=env, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _fork_server_started(p):
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline, "no fork server in time"
+        time.sleep(0.005)
+    family = _descendants(p.pid)
+    time.sleep(delay_s)
+    os.killpg(p.pid, signal.SIGINT)
+    rc, out, err = _assert_all_gone(p, family, tmp_path)
+    assert rc == 130, out + err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines() == ["mok diff-grads: interrupted"], err
 
 
 _TEARDOWN = """
