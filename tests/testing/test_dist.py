@@ -177,12 +177,15 @@ def test_bad_arguments_start_nothing(W, device, threads, parts):
 ], ids=["main_thread_only", "with_another_thread"])
 def test_ctrl_c_while_the_launcher_makes_its_directory_leaves_none(tmp_path, monkeypatch, other_thread):
     """A SIGINT that lands inside tempfile.mkdtemp (after the directory exists, before the launcher holds its name)
-    still ends in KeyboardInterrupt with the directory removed (it once leaked: CI, runs 17 and 18). With another
-    thread running, the kernel hands a process-directed signal to whichever thread does not block it, and Python runs
-    the handler in the main thread at once: blocking the signal in the main thread alone (run 17's fix) still leaked."""
+    still ends in KeyboardInterrupt with the directory removed. With another thread running, the kernel hands a
+    process-directed signal to whichever thread does not block it, and Python runs the handler in the main thread at
+    once: blocking the signal in the main thread alone still leaked. Only the launcher's own mkdtemp is interrupted
+    (multiprocessing makes one too when it first starts the fork server)."""
     made, real_mkdtemp = [], tempfile.mkdtemp
 
     def mkdtemp_then_ctrl_c(*args, **kwargs):
+        if kwargs.get("prefix") != "mok-dist-":  # another caller (multiprocessing starting its fork server)
+            return real_mkdtemp(*args, **kwargs)
         made.append(real_mkdtemp(dir=tmp_path))
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.2)  # time for another thread to take the signal and for the main thread to act on it
@@ -192,11 +195,13 @@ def test_ctrl_c_while_the_launcher_makes_its_directory_leaves_none(tmp_path, mon
     if other_thread:
         threading.Thread(target=stop.wait, daemon=True).start()
     monkeypatch.setattr(mok_dist.tempfile, "mkdtemp", mkdtemp_then_ctrl_c)
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, however pytest started
     try:
         with pytest.raises(KeyboardInterrupt):
             launch(_gather_ranks, ("x",), world_size=1)
     finally:
         stop.set()
+        signal.signal(signal.SIGINT, old_handler)
     assert len(made) == 1 and not os.path.exists(made[0]), made
 
 
@@ -266,6 +271,12 @@ if __name__ == "__main__":
 """
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """In a child before exec: SIGINT back to its default, as at a terminal, so Python turns a Ctrl-C into
+    KeyboardInterrupt even where the test run itself was started with SIGINT ignored (a background job)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, argv: list, ready) -> tuple:
     """Start argv in its own session with TMPDIR = tmp_path/tmp; wait (bounded) until `ready(process)`;
     return (process, its descendants then)."""
@@ -273,7 +284,7 @@ def _start(tmp_path: Path, argv: list, ready) -> tuple:
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen(argv, env=env, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_at_a_terminal)
     deadline = time.monotonic() + 120  # imports and the fork server's start, on a loaded machine
     while not ready(p):
         if p.poll() is not None:
@@ -381,7 +392,7 @@ def test_ctrl_c_while_the_fork_server_starts_prints_no_traceback(tmp_path, delay
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen(argv, env=env, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_at_a_terminal)
     deadline = time.monotonic() + 120
     while not _fork_server_started(p):
         assert p.poll() is None, p.communicate()
