@@ -1,5 +1,5 @@
 // mok fast path: C ABI shared by the kernels (csrc/*.cu) and the Python binding (mok/fast/_lib.py,
-// whose table of signatures tests/test_fast_binding.py checks against this header). The kernels
+// whose table of signatures tests/fast/test_binding.py checks against this header). The kernels
 // trust their arguments: the binding checks every tensor (dtype, device, shape, contiguity) and
 // sets the device before each call. Shapes follow the legend of docs/layer.md: T tokens, H hidden, I routed intermediate, S shared intermediate,
 // E experts, L = E / W local experts, K experts per token. Rows are (token, k) pairs placed in

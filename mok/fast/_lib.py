@@ -1,7 +1,7 @@
 """The binding to the kernels' C ABI (csrc/mok_fast.h), taking torch tensors: the table, the checks, the call,
 the grouped GEMMs, and the layer's, router's and losses' kernels (the expert-parallel ones: `_lib_ep`).
 
-One table, `SIGNATURES`, holds every C function's ctypes types; tests/test_fast_binding.py parses
+One table, `SIGNATURES`, holds every C function's ctypes types; tests/fast/test_binding.py parses
 the header and checks the table, the structs and the enum against it. Every wrapper checks its
 tensors at the boundary (dtype, device, shape, contiguity), launches on the current stream of the
 tensors' device with that device set (the guard), and never synchronises the host.

@@ -51,7 +51,7 @@ def _ctype(c_type: str, *, result: bool = False):
         return _SCALARS[t]
     if t in ("MokOperand", "MokSegment"):
         return getattr(_lib, t)
-    raise AssertionError(f"mok_fast.h: C type {c_type!r} has no mapping in tests/test_fast_binding.py")
+    raise AssertionError(f"mok_fast.h: C type {c_type!r} has no mapping in tests/fast/test_binding.py")
 
 
 def _split_decl(decl: str) -> tuple[str, str]:

@@ -2,7 +2,7 @@
 pairs of tensors are recognised, and that mok.nn.ops rounds float32 gate/up pairs into such a tensor and
 transformers' fused gate_up_proj reaches the layer as one, so the fast path's backward concatenates
 nothing; and which pairs the fused gate/up GEMM reads as two tensors (`gate_up_halves`) and what the binding
-refuses there. The kernels reading them are tested in tests/test_fast_ep_emulated.py (CPU stand-ins),
+refuses there. The kernels reading them are tested in tests/fast/test_ep_emulated.py (CPU stand-ins),
 tests/gpu/test_fast_determinism.py (bits: test_gate_up_halves_of_one_tensor_give_the_separate_tensors_bits) and
 tests/gpu/test_fast_fused_fwd.py (two tensors against one)."""
 import pytest

@@ -79,9 +79,9 @@ def test_grouped_gemm_checks_the_aux_operand_before_any_launch(kind, aux):
 
 
 @pytest.mark.parametrize("text, I, S, want", [
-    (None, 768, 0, True),        # unset, Qwen3-30B-A3B: many small experts fuse too since [p | q] (RESULTS.md run 27)
+    (None, 768, 0, True),        # unset, Qwen3-30B-A3B: many small experts fuse too since the fp32 [p | q] form
     (None, 1024, 0, True),       # unset, OLMoE-1B-7B
-    (None, 1536, 1536, True),    # unset, mid-64e: large experts fuse (less energy a step, run 16)
+    (None, 1536, 1536, True),    # unset, mid-64e: large experts fuse
     (None, 14336, 0, True),      # unset, Mixtral-8x7B
     (None, 1540, 0, False),      # unset, 8 does not split I: the kind cannot copy [p | q] in 16-byte chunks
     (None, 2048, 1028, False),   # ... nor S
@@ -127,15 +127,15 @@ def test_fused_gate_up_variant_needs_8_to_split_i_and_s(monkeypatch, H, I, S, wa
 
 
 @pytest.mark.parametrize("H, I, want", [
-    (2048, 768, _tiles.PINGPONG),        # Qwen3-30B-A3B: cooperative 1.6-3.2% slower steps (run 34, H100)
-    (4096, 1536, _tiles.PINGPONG),       # mid-64e: I = PINGPONG_MAX_I, a tie (run 34)
+    (2048, 768, _tiles.PINGPONG),        # Qwen3-30B-A3B: cooperative 1.6-3.2% slower steps
+    (4096, 1536, _tiles.PINGPONG),       # mid-64e: I = PINGPONG_MAX_I, a tie
     (4096, 1408, _tiles.PINGPONG),       # GLM-4.5-Air: I below it
-    (2880, 2880, _tiles.PINGPONG),       # gpt-oss-20b / -120b: H below FUSED_GATE_UP_COOP_MIN_H, a tie (run 34)
+    (2880, 2880, _tiles.PINGPONG),       # gpt-oss-20b / -120b: H below FUSED_GATE_UP_COOP_MIN_H, a tie
     (4088, 14336, _tiles.PINGPONG),      # just below it
     (4096, 1544, _tiles.COOPERATIVE),    # I just past PINGPONG_MAX_I, H at the minimum
-    (7168, 2048, _tiles.COOPERATIVE),    # DeepSeek-V3 slice: cooperative 1.9-6.0% faster burst steps (run 34)
-    (4096, 14336, _tiles.COOPERATIVE),   # Mixtral-8x7B: 1.4-3.1% (run 34)
-    (6144, 10752, _tiles.COOPERATIVE),   # DBRX: 7.9% (run 33's gu-tiles step, run 34)
+    (7168, 2048, _tiles.COOPERATIVE),    # DeepSeek-V3 slice: cooperative 1.9-6.0% faster burst steps
+    (4096, 14336, _tiles.COOPERATIVE),   # Mixtral-8x7B: 1.4-3.1%
+    (6144, 10752, _tiles.COOPERATIVE),   # DBRX: 7.9%
     (5120, 8192, _tiles.COOPERATIVE),    # Llama-4-Scout: 2.8%
     (4096, 6400, _tiles.COOPERATIVE),    # Phi-3.5-MoE: 5.4%
 ])
@@ -158,9 +158,9 @@ def test_fused_gate_up_runs_cooperative_for_long_reductions_of_large_experts(mon
 
 
 @pytest.mark.parametrize("H, I", [
-    (4096, 14336),  # Mixtral-8x7B: ping-pong 1.7% (burst) and 1.9% (steady) faster on an H200 (run 35)
-    (7168, 2048),   # DeepSeek-V3 slice: a tie there (run 35)
-    (6144, 10752),  # DBRX: ran ping-pong on the H200 from run 18 to run 33, as every layer did
+    (4096, 14336),  # Mixtral-8x7B: ping-pong 1.7% (burst) and 1.9% (steady) faster on an H200
+    (7168, 2048),   # DeepSeek-V3 slice: a tie there
+    (6144, 10752),  # DBRX: ping-pong on the H200, as every layer had
     (2048, 768),    # Qwen3-30B-A3B: ping-pong on every card
 ])
 @pytest.mark.parametrize("card", [
@@ -194,16 +194,16 @@ def test_only_cuda_devices_have_a_card(monkeypatch):
 
 
 @pytest.mark.parametrize("H, I, want, tall", [
-    (2048, 768, _tiles.PINGPONG, True),        # Qwen3-30B-A3B: short reductions, ping-pong (run 6); down, d_x tall
-    (2048, 1024, _tiles.PINGPONG, True),       # OLMoE-1B-7B: down and d_x 3.8% / 1.0% faster steps tall (run 41)
-    (4096, 1408, _tiles.PINGPONG, True),       # GLM-4.5-Air: 0.4-0.9% faster steps than cooperative (run 22)
-    (4096, 1536, _tiles.PINGPONG, True),       # mid-64e: PINGPONG_MAX_I itself, 0.9% faster steps (run 22)
-    (2048, 512, _tiles.PINGPONG, False),       # Granite-3.0-3B-A800M: I below TALL_MIN_I, slower tall (run 41)
-    (5120, 1536, _tiles.PINGPONG, False),      # DeepSeek-V2: H past TALL_MAX_H, slower tall (run 41)
+    (2048, 768, _tiles.PINGPONG, True),        # Qwen3-30B-A3B: short reductions, ping-pong; down, d_x tall
+    (2048, 1024, _tiles.PINGPONG, True),       # OLMoE-1B-7B: down and d_x 3.8% / 1.0% faster steps tall
+    (4096, 1408, _tiles.PINGPONG, True),       # GLM-4.5-Air: 0.4-0.9% faster steps than cooperative
+    (4096, 1536, _tiles.PINGPONG, True),       # mid-64e: PINGPONG_MAX_I itself, 0.9% faster steps
+    (2048, 512, _tiles.PINGPONG, False),       # Granite-3.0-3B-A800M: I below TALL_MIN_I, slower tall
+    (5120, 1536, _tiles.PINGPONG, False),      # DeepSeek-V2: H past TALL_MAX_H, slower tall
     (4096, 1544, _tiles.COOPERATIVE, False),   # just past PINGPONG_MAX_I
-    (7168, 2048, _tiles.COOPERATIVE, False),   # DeepSeek-V3 slice: a tie at steady state (run 16), cooperative kept
-    (4096, 6400, _tiles.COOPERATIVE, False),   # Phi-3.5-MoE: a tie (run 22)
-    (4096, 14336, _tiles.COOPERATIVE, False),  # Mixtral-8x7B: long reductions, ~10% faster cooperative (run 6)
+    (7168, 2048, _tiles.COOPERATIVE, False),   # DeepSeek-V3 slice: a tie at steady state, cooperative kept
+    (4096, 6400, _tiles.COOPERATIVE, False),   # Phi-3.5-MoE: a tie
+    (4096, 14336, _tiles.COOPERATIVE, False),  # Mixtral-8x7B: long reductions, ~10% faster cooperative
 ])
 def test_row_tiled_gemms_take_ping_pong_up_to_pingpong_max_i(monkeypatch, H, I, want, tall):
     """The forward, down, d_a and d_x GEMMs (rows an expert's, reduction over H, I or 2I) pick their tile from I;

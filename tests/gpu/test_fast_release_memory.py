@@ -1,8 +1,8 @@
 """The eager backward frees the saved context as it reads it (mok/fast/_backward.py `release`), on the GPU: the
 backward's peak memory is at least the saved [p | q] (fp32 [R, 2I]) lower than with retain_graph=True, which keeps
 it, and every gradient is bitwise the same either way; the backward's peak, one GPU and expert-parallel, is what
-its order of allocations and frees plans. (The CPU tests, tests/test_fast_release.py and
-tests/test_fast_ep_emulated.py, check the bits and what is freed with the emulated kernels; this one checks that
+its order of allocations and frees plans. (The CPU tests, tests/fast/test_release.py and
+tests/fast/test_ep_emulated.py, check the bits and what is freed with the emulated kernels; this one checks that
 the caching allocator gets the memory back.)"""
 import pytest
 import torch

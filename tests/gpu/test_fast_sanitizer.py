@@ -26,7 +26,7 @@ for variant in [*map(str, range(mok.fast._lib.NUM_GEMM_VARIANTS)), ""]:  # every
         out = run_layer(make_inputs(cfg, seed=1, routing=routing, device="cuda"), impl=mok.fast)
     # gate/up halves of one tensor: the fused gate/up + SwiGLU launch (ping-pong halves of 96, cooperative of 128;
     # I = 40, S = 24: one tile, its halves past I and S), and the d_a GEMM with the SwiGLU backward in its epilogue
-    # (the rule's choice since run 27, forced here all the same; in the ping-pong variants the epilogue load warp copies
+    # (the rule's choice, forced here all the same; in the ping-pong variants the epilogue load warp copies
     # [p | q] into shared memory, its sub-tiles handed over by mbarriers)
     os.environ["MOK_FAST_FUSE_SWIGLU_BWD"] = "1"
     for cfg in (MoEConfig(T=37, H=64, I=96, E=4, K=2, S=96), MoEConfig(T=29, H=64, I=128, E=6, K=2, S=0),

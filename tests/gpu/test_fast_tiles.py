@@ -52,7 +52,7 @@ def test_the_default_choice_gives_variant_zeros_bits(monkeypatch):
 
 @pytest.mark.parametrize("raster, swizzle", [
     ("N", "1"),  # raster along N
-    ("M", "4"),  # along M, swizzle 4 asked (the group scheduler takes 1 for its one-row tile grid: RESULTS.md run 44)
+    ("M", "4"),  # along M, swizzle 4 asked (the group scheduler takes 1 for its one-row tile grid)
     ("N", "8"),  # along N, swizzle 8 asked (likewise 1)
 ])
 def test_tile_order_gives_the_same_bits(monkeypatch, raster, swizzle):

@@ -1,5 +1,5 @@
 """mok.MoE: shapes, parameters, state_dict, backend choice, argument errors, agreement with the
-functional reference, and the router's hand-written gradient (router losses: tests/test_losses.py)."""
+functional reference, and the router's hand-written gradient (router losses: tests/nn/test_losses.py)."""
 
 import logging
 

@@ -1,6 +1,6 @@
 """docs/bad_input.md for mok.reference's router and primitives: every bad argument raises TypeError or
 ValueError whose message starts with the argument's name; nothing is broadcast, converted or read out of range.
-(The layer's own arguments are in tests/test_bad_inputs.py, expert parallelism in tests/test_ep_mismatch.py.)"""
+(The layer's own arguments are in tests/reference/test_layer_bad_inputs.py, expert parallelism in tests/reference/test_ep_mismatch.py.)"""
 
 import pytest
 import torch

@@ -173,7 +173,7 @@ def test_bad_arguments_start_nothing(W, device, threads, parts):
 
 @pytest.mark.parametrize("other_thread", [
     False,  # the main thread alone takes the SIGINT
-    True,   # another thread may take it (run 17's fix still leaked here)
+    True,   # another thread may take it
 ], ids=["main_thread_only", "with_another_thread"])
 def test_ctrl_c_while_the_launcher_makes_its_directory_leaves_none(tmp_path, monkeypatch, other_thread):
     """A SIGINT that lands inside tempfile.mkdtemp (after the directory exists, before the launcher holds its name)
