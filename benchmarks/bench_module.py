@@ -169,8 +169,7 @@ def main() -> None:
     ap.add_argument("--configs", default="", help="comma-separated shape names (default: every shape of the file)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before each timing")
     ap.add_argument("--reps", type=int, default=10, help="timed steps; the median is reported")
-    ap.add_argument("--record", action="store_true", help="append the rows to benchmarks/results.csv")
-    ap.add_argument("--results", default="", help="append the rows to this CSV instead (implies --record)")
+    results.add_record_args(ap)
     a = ap.parse_args()
     files = (SUITE if a.suite else CONFIGS,)
     try:
@@ -181,7 +180,7 @@ def main() -> None:
     peak = bf16_peak_tflops()
     print(f"device {header['gpu']}, torch {header['torch']}, commit {header['commit']}, {header['run']}; "
           f"bf16 peak {peak:.0f} TFLOP/s")
-    record = Path(a.results) if a.results else (results.RESULTS if a.record else None)
+    record = results.record_path(a)
     for c in configs:  # shape by shape, so a run cut short keeps what it measured
         rows = run([c], timed, peak, a.warmup, a.reps)
         if record:

@@ -242,8 +242,7 @@ def main() -> None:
     ap.add_argument("--weight-grads", choices=["fp32", "bf16"], default="",
                     help="dtype of mok's weight gradients (default fp32; bf16 with --suite, like grouped_mm's "
                          "gradients of bf16 weights and like mok.MoE with bf16 parameters)")
-    ap.add_argument("--record", action="store_true", help="append the rows to benchmarks/results.csv")
-    ap.add_argument("--results", default="", help="append the rows to this CSV instead (implies --record)")
+    results.add_record_args(ap)
     a = ap.parse_args()
     wgrad = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.weight_grads or ("bf16" if a.suite else "fp32")]
     if a.suite and a.routings == ap.get_default("routings"):
@@ -264,7 +263,7 @@ def main() -> None:
         ap.error(f"--methods: unknown {unknown}; expected mok, mok_gu, grouped_mm, sonic, naive")
     if "sonic" in methods:
         require_sonic("--methods sonic")
-    record = Path(a.results) if a.results else (results.RESULTS if a.record else None)
+    record = results.record_path(a)
     header = results.run_header()
     peak = bf16_peak_tflops()
     print(f"device {header['gpu']}, torch {header['torch']}, CUDA {header['cuda']}, commit {header['commit']}, "

@@ -49,6 +49,17 @@ def run_header() -> dict:
             "command": " ".join(["python", *sys.argv])}
 
 
+def add_record_args(ap) -> None:
+    """The --record / --results options every benchmark script takes (an argparse parser)."""
+    ap.add_argument("--record", action="store_true", help="append the rows to benchmarks/results.csv")
+    ap.add_argument("--results", default="", help="append the rows to this CSV instead (implies --record)")
+
+
+def record_path(args) -> Path | None:
+    """Where the rows of a run go, from `add_record_args`' options; None when they are not recorded."""
+    return Path(args.results) if args.results else (RESULTS if args.record else None)
+
+
 def append(rows: list[dict], path: Path = RESULTS) -> None:
     """Append `rows` (dicts with FIELDS keys; missing ones left empty) to the CSV at `path`, writing the header if new."""
     path = Path(path)
