@@ -1,13 +1,24 @@
-// mok fast path: C ABI shared by the kernels (csrc/*.cu) and the Python binding (mok/fast/_lib.py,
-// whose table of signatures tests/fast/test_binding.py checks against this header). The kernels
-// trust their arguments: the binding checks every tensor (dtype, device, shape, contiguity) and
-// sets the device before each call. Shapes follow the legend of docs/layer.md: T tokens, H hidden, I routed intermediate, S shared intermediate,
-// E experts, L = E / W local experts, K experts per token. Rows are (token, k) pairs placed in
-// canonical order: by expert, then token index, then k.
+// mok fast path: C ABI shared by the kernels (csrc/*.cu, built into the kernels library) and the typed binding
+// (csrc/python_api.cpp, which resolves every entry point below by name from that library, RTLD_LOCAL). The kernels
+// trust their arguments: the binding checks every tensor (dtype, device, shape, contiguity) and takes the device
+// guard and the current stream before each call. Shapes follow the legend of docs/layer.md: T tokens, H hidden, I
+// routed intermediate, S shared intermediate, E experts, L = E / W local experts, K experts per token. Rows are
+// (token, k) pairs placed in canonical order: by expert, then token index, then k.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#ifdef __CUDACC__
 #include <cuda_runtime.h>
+#else
+// The binding builds without the CUDA headers: the stream is an opaque handle (CUDA's own host-compiler typedef, so
+// including cuda_runtime.h as well is fine).
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+#endif
+
+// The library is compiled with -fvisibility=hidden and linked with csrc/exports.map: these entry points are the only
+// symbols it exports (no C++ standard library or CUDA runtime symbol can interpose on the rest of the process).
+#define MOK_API __attribute__((visibility("default")))
 
 #define MOK_MAX_SEGMENTS 4
 #define MOK_ROUTER_MAX_E 8192
@@ -67,14 +78,14 @@ enum MokGemmKind {
 extern "C" {
 // Bytes of device memory the grouped GEMM of this kind and tile variant needs for `groups` groups: the
 // CUTLASS workspace plus the per-group argument arrays (0 for an unknown kind or variant). Host only.
-size_t mok_gemm_workspace_bytes(int kind, int variant, int groups, int device);
+MOK_API size_t mok_gemm_workspace_bytes(int kind, int variant, int groups, int device);
 // Grouped GEMM D_g = A_g B_g (fp32 accumulation, one rounding to D's type), groups described by
 // `segs` (host array of n_segs), with tile variant `variant` in [0, MOK_GEMM_NUM_VARIANTS).
 // workspace: mok_gemm_workspace_bytes bytes of device memory.
 // Returns 0 on success, else a nonzero code (see mok_last_error).
-int mok_grouped_gemm(int kind, int variant, const MokSegment* segs, int n_segs, void* workspace,
+MOK_API int mok_grouped_gemm(int kind, int variant, const MokSegment* segs, int n_segs, void* workspace,
                      size_t workspace_bytes, int device, cudaStream_t stream);
-const char* mok_last_error();
+MOK_API const char* mok_last_error();
 
 // Routing schedule (csrc/schedule.cu). topk_idx [T,K] int64 global ids, local experts [e0, e0+L).
 // offsets: int32 [2L+1]: [0, L] first row of each expert clamped to capacity (offsets[L] = rows
@@ -82,49 +93,49 @@ const char* mok_last_error();
 // pair_row [T*K] int32: row of each pair (-1 if its expert is not local or it did not fit);
 // flag int32 [1]: nonzero when an id is out of [0, E) (bit 1), repeated within a row (bit 2), or
 // rows exceed capacity (bit 4); scratch: mok_schedule_scratch_ints(T, K, L) int32.
-size_t mok_schedule_scratch_ints(int T, int K, int L);
-int mok_schedule(const int64_t* topk_idx, int T, int K, int E, int e0, int L, int capacity,
+MOK_API size_t mok_schedule_scratch_ints(int T, int K, int L);
+MOK_API int mok_schedule(const int64_t* topk_idx, int T, int K, int E, int e0, int L, int capacity,
                  int* offsets, int* row_pair, int* pair_row, int* flag, int* scratch,
                  cudaStream_t stream);
 
 // Elementwise / gather / combine kernels (csrc/elementwise.cu); all bf16 = uint16 storage.
 // x_RH [capacity, H] row pair_row[t*K + k] = x_TH [T, H] row t, for every pair placed (pair_row >= 0).
-int mok_gather_rows(const void* x_TH, const int* pair_row, int T, int K, int H, int capacity, void* x_RH,
+MOK_API int mok_gather_rows(const void* x_TH, const int* pair_row, int T, int K, int H, int capacity, void* x_RH,
                     cudaStream_t stream);
 // SwiGLU rows: offsets[L] of the schedule's offsets (rows placed) when offsets is non-null, else
 // fixed_rows; the grid covers `capacity` rows. swiglu_fwd reads gu = [g | u] fp32, writes a = bf16(silu(g) * u)
 // and turns gu into [p | q] = [u * silu'(g) | silu(g)] in place; swiglu_bwd reads that [p | q] and da fp32 and
 // writes dgu = [bf16(da * p) | bf16(da * q)] (csrc/swiglu_math.cuh).
-int mok_swiglu_fwd(float* gu, int64_t ld_gu, const int* offsets, int L, int fixed_rows, int I,
+MOK_API int mok_swiglu_fwd(float* gu, int64_t ld_gu, const int* offsets, int L, int fixed_rows, int I,
                    int capacity, void* a, cudaStream_t stream);
-int mok_combine_fwd(const void* s_TH, const void* o_RH, const float* w_TK, const int* pair_row,
+MOK_API int mok_combine_fwd(const void* s_TH, const void* o_RH, const float* w_TK, const int* pair_row,
                     const int* flag, int T, int K, int H, void* y_TH, cudaStream_t stream);
-int mok_combine_bwd_pre(const void* dy_TH, const void* o_RH, const float* w_TK,
+MOK_API int mok_combine_bwd_pre(const void* dy_TH, const void* o_RH, const float* w_TK,
                         const int* pair_row, const int* flag, int T, int K, int H,
                         float* d_w_TK, void* go_RH, cudaStream_t stream);
-int mok_swiglu_bwd(const float* da, const float* pq, int64_t ld_pq, const int* offsets, int L,
+MOK_API int mok_swiglu_bwd(const float* da, const float* pq, int64_t ld_pq, const int* offsets, int L,
                    int fixed_rows, int I, int capacity, void* dgu, cudaStream_t stream);
-int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_row,
+MOK_API int mok_combine_bwd_dx(const void* dxs_TH, const void* dx_RH, const int* pair_row,
                        const int* flag, int T, int K, int H, void* dx_TH, cudaStream_t stream);
 // Zero d[e] for every expert e with no rows; d holds L blocks of per_expert 16-bit words (any dtype
 // whose zero is all-zero bits: fp32 blocks count 2 words per element).
-int mok_zero_empty(void* d, const int* offsets, int L, int64_t per_expert, const int* flag,
+MOK_API int mok_zero_empty(void* d, const int* offsets, int L, int64_t per_expert, const int* flag,
                    cudaStream_t stream);
-int mok_poison(void* p, int64_t n, int is_bf16, const int* flag, cudaStream_t stream);
+MOK_API int mok_poison(void* p, int64_t n, int is_bf16, const int* flag, cudaStream_t stream);
 // out (bf16, [blocks, 2, n]) = first, second (fp32, [blocks, n] each) rounded to bf16: a float32 gate/up
 // pair into one stacked tensor (16-byte vectors when n % 8 == 0 and the pointers are 16-byte aligned).
-int mok_cast_pair_bf16(const float* first, const float* second, int64_t blocks, int64_t n, void* out,
+MOK_API int mok_cast_pair_bf16(const float* first, const float* second, int64_t blocks, int64_t n, void* out,
                        cudaStream_t stream);
 
 // Router (csrc/router.cu), one warp per token, the reference's formulas and orders.
 // logits [T, ld] fp32 (first E columns used); softmax: 1 = softmax scores, 0 = sigmoid;
 // scores [T, E] fp32, topk_idx [T, K] int64, topk_w [T, K] fp32.
-int mok_router_topk(const float* logits, int T, int E, int ld, int K, int softmax, int normalize,
+MOK_API int mok_router_topk(const float* logits, int T, int E, int ld, int K, int softmax, int normalize,
                     float* scores, int64_t* topk_idx, float* topk_w, cudaStream_t stream);
 // d_logits of (topk_w, scores) + d_logits_in, as bf16 hi | lo halves: hl [T, 2 * ld_half] bf16,
 // hi in columns [0, E), lo in [ld_half, ld_half + E), zeros in the padding. d_w [T, K],
 // d_scores and d_logits_in [T, E] fp32; each may be null (zeros).
-int mok_router_bwd(const float* scores, const int64_t* topk_idx, const float* d_w, const float* d_scores,
+MOK_API int mok_router_bwd(const float* scores, const int64_t* topk_idx, const float* d_w, const float* d_scores,
                    const float* d_logits, int T, int E, int K, int softmax, int normalize, int ld_half,
                    void* hl, cudaStream_t stream);
 
@@ -132,10 +143,10 @@ int mok_router_bwd(const float* scores, const int64_t* topk_idx, const float* d_
 // normalize_rows: 1 = sigmoid scores (the balance loss divides each row by its sum). scratch:
 // mok_router_losses_scratch_bytes(T, E) bytes of device memory. Forward: balance [1] = E * sum_e f_e * P_e and
 // z [1] = mean of lse^2. Backward: d_scores, d_logits [T, E] from the device scalars d_balance, d_z [1].
-size_t mok_router_losses_scratch_bytes(int T, int E);
-int mok_router_losses(const float* scores, const float* logits, const int64_t* topk_idx, int T, int E, int K,
+MOK_API size_t mok_router_losses_scratch_bytes(int T, int E);
+MOK_API int mok_router_losses(const float* scores, const float* logits, const int64_t* topk_idx, int T, int E, int K,
                       int normalize_rows, void* scratch, float* balance, float* z, cudaStream_t stream);
-int mok_router_losses_bwd(const float* d_balance, const float* d_z, const float* scores, const float* logits,
+MOK_API int mok_router_losses_bwd(const float* d_balance, const float* d_z, const float* scores, const float* logits,
                           const int64_t* topk_idx, int T, int E, int K, int normalize_rows, void* scratch,
                           float* d_scores, float* d_logits, cudaStream_t stream);
 
@@ -143,19 +154,19 @@ int mok_router_losses_bwd(const float* d_balance, const float* d_z, const float*
 // pointers, one per rank (this rank's own buffer included), into the ranks' peer-visible buffers.
 // Gather: out[r] (bf16 [capacity, H]) = row (row_pair[r] / div) % per_rank of rank (row_pair[r] / div) /
 // per_rank, for the rows placed (offsets[L]).
-int mok_ep_gather_rows(const void* const* peers, int W, int64_t per_rank, int div, const int* row_pair,
+MOK_API int mok_ep_gather_rows(const void* const* peers, int W, int64_t per_rank, int div, const int* row_pair,
                        const int* offsets, int L, int H, int capacity, void* out, cudaStream_t stream);
 // Scatter: row row_pair[r] % per_rank of rank row_pair[r] / per_rank = rows[r], for the rows placed.
-int mok_ep_scatter_rows(const void* rows, const int* row_pair, const int* offsets, int L, int H, int capacity,
+MOK_API int mok_ep_scatter_rows(const void* rows, const int* row_pair, const int* offsets, int L, int H, int capacity,
                         int W, int64_t per_rank, void* const* peers, cudaStream_t stream);
 // out = every rank's first bytes_per_rank bytes (a multiple of 8), concatenated in rank order.
-int mok_ep_concat(const void* const* peers, int W, int64_t bytes_per_rank, void* out, cudaStream_t stream);
+MOK_API int mok_ep_concat(const void* const* peers, int W, int64_t bytes_per_rank, void* out, cudaStream_t stream);
 // Let kernels on `device` read and write memory of `peer` (no-op when equal or already enabled).
-int mok_ep_enable_peer_access(int device, int peer);
+MOK_API int mok_ep_enable_peer_access(int device, int peer);
 // Signalling: *epoch += 1; flags of every rank p at [phase][rank] = *epoch; wait until this rank's
 // flags[phase][p] >= *epoch for every p, or print and trap after timeout_ns (0: never).
-int mok_ep_next_epoch(int* epoch, cudaStream_t stream);
-int mok_ep_signal(int* const* peer_flags, int W, int phase, int rank, const int* epoch, cudaStream_t stream);
-int mok_ep_wait(const int* flags, int W, const int* epoch, int64_t timeout_ns, int rank, int phase,
+MOK_API int mok_ep_next_epoch(int* epoch, cudaStream_t stream);
+MOK_API int mok_ep_signal(int* const* peer_flags, int W, int phase, int rank, const int* epoch, cudaStream_t stream);
+MOK_API int mok_ep_wait(const int* flags, int W, const int* epoch, int64_t timeout_ns, int rank, int phase,
                 cudaStream_t stream);
 }

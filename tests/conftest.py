@@ -54,3 +54,17 @@ def pytest_runtest_setup(item):
     for key, reason in item.user_properties:
         if key == "mok_fast_unusable":
             pytest.fail(reason, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def mok_binding():
+    """mok.fast's binding (csrc/python_api.cpp: its Operand, Segment and checks), built once against this torch and
+    cached, before the tests that use it (here, and in the ranks they spawn); they skip, saying why, only when no C++
+    compiler is present to build it."""
+    from mok.fast import _build
+
+    try:
+        _build.find_cxx()
+    except _build.FastPathUnavailable as e:
+        pytest.skip(str(e))
+    return _build.binding()

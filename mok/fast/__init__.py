@@ -19,13 +19,20 @@ from ._context import load_context, save_context, saved_fake
 from ._ep import EPContext, run_backward_ep, run_forward_ep
 from ._ep_buffer import release as release_ep_buffers
 from ._forward import FastContext, run_forward
-from ._lib import cast_pair_bf16
+from . import _lib
 from ._router import router_backward, router_forward, router_losses, router_losses_backward
 
 __all__ = ["forward", "backward", "FastContext", "EPContext", "FastPathUnavailable", "is_available", "save_context",
            "release_ep_buffers",
            "load_context", "saved_fake", "router_forward", "router_backward", "router_losses",
            "router_losses_backward", "cast_pair_bf16"]
+
+
+def cast_pair_bf16(first, second, out) -> None:
+    """out = [bf16(first); bf16(second)] stacked along dim -2: first, second fp32 [..., n, H] (the same shape,
+    contiguous), out bf16 [..., 2n, H] contiguous, all on one CUDA device. Bitwise what
+    `out.narrow(-2, 0, n).copy_(first)` (and the same for second) gives, with vector loads and stores."""
+    _lib.cast_pair_bf16(first, second, out)
 
 
 @torch.no_grad()

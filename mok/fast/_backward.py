@@ -23,7 +23,6 @@ from ..reference import Dims
 from . import _lib, _tiles
 from ._checks import gate_up_halves, stacked_gate_up
 from ._forward import FastContext, _empty
-from ._lib import Operand, Segment
 
 _SIDE: dict[int, torch.cuda.Stream] = {}
 
@@ -133,13 +132,14 @@ def _d_act_gemm(ctx: FastContext, dy, go_RH, rd, sd, out, out_s, fused: bool) ->
     segs = []
     if out is not None:
         w = out.shape[1]
-        segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, I, H, Operand(go_RH, 0, H, H),
-                                        Operand(rd, H * I, 0, I), Operand(out, 0, w, w),
-                                        aux=Operand(ctx.pq_R2I, 0, 2 * I, 2 * I) if fused else None))
+        segs.append(_lib.Segment.expert_rows(ctx.sched.offsets, d.E, I, H, _lib.Operand(go_RH, 0, H, H),
+                                             _lib.Operand(rd, H * I, 0, I), _lib.Operand(out, 0, w, w),
+                                             aux=_lib.Operand(ctx.pq_R2I, 0, 2 * I, 2 * I) if fused else None))
     if out_s is not None:
         w = out_s.shape[1]
-        segs.append(Segment.all_rows(T, S, H, Operand(dy, 0, 0, H), Operand(sd, 0, 0, S), Operand(out_s, 0, 0, w),
-                                     aux=Operand(ctx.pq_s_T2S, 0, 0, 2 * S) if fused else None))
+        segs.append(_lib.Segment.all_rows(T, S, H, _lib.Operand(dy, 0, 0, H), _lib.Operand(sd, 0, 0, S),
+                                          _lib.Operand(out_s, 0, 0, w),
+                                          aux=_lib.Operand(ctx.pq_s_T2S, 0, 0, 2 * S) if fused else None))
     kind = _lib.GEMM_NN_SWIGLU_BWD if fused else _lib.GEMM_NN_F32
     _tiles.grouped_gemm(kind, segs, (out if out is not None else out_s).device, H, I)
 
@@ -147,8 +147,8 @@ def _d_act_gemm(ctx: FastContext, dy, go_RH, rd, sd, out, out_s, fused: bool) ->
 def _dx_b(w, up, expert_stride: int, H: int):
     """The d_x GEMM's (b, b_up) operands from one of `gate_up_weights`' pairs."""
     if up is None:
-        return Operand(w, 2 * expert_stride, 0, H), None
-    return Operand(w, expert_stride, 0, H), Operand(up, expert_stride, 0, H)
+        return _lib.Operand(w, 2 * expert_stride, 0, H), None
+    return _lib.Operand(w, expert_stride, 0, H), _lib.Operand(up, expert_stride, 0, H)
 
 
 def d_input_rows(ctx: FastContext, dgu, dgu_s, w_gu, w_gu_s):
@@ -161,12 +161,13 @@ def d_input_rows(ctx: FastContext, dgu, dgu_s, w_gu, w_gu_s):
     if dgu is not None:
         dx_RH = _empty(dev, torch.bfloat16, dgu.shape[0], H)
         b, b_up = _dx_b(*w_gu, I * H, H)
-        segs.append(Segment.expert_rows(ctx.sched.offsets, d.E, H, 2 * I, Operand(dgu, 0, 2 * I, 2 * I), b,
-                                        Operand(dx_RH, 0, H, H), b_up=b_up))
+        segs.append(_lib.Segment.expert_rows(ctx.sched.offsets, d.E, H, 2 * I, _lib.Operand(dgu, 0, 2 * I, 2 * I), b,
+                                             _lib.Operand(dx_RH, 0, H, H), b_up=b_up))
     if dgu_s is not None:
         dxs = _empty(dev, torch.bfloat16, T, H)
         b, b_up = _dx_b(*w_gu_s, 0, H)
-        segs.append(Segment.all_rows(T, H, 2 * S, Operand(dgu_s, 0, 0, 2 * S), b, Operand(dxs, 0, 0, H), b_up=b_up))
+        segs.append(_lib.Segment.all_rows(T, H, 2 * S, _lib.Operand(dgu_s, 0, 0, 2 * S), b, _lib.Operand(dxs, 0, 0, H),
+                                          b_up=b_up))
     _tiles.grouped_gemm(_lib.GEMM_NN_BF16, segs, dev, H, I)
     return dx_RH, dxs
 
@@ -175,15 +176,17 @@ def shared_down_segment(rows: int, H: int, S: int, dy, a_s, d_sd, s0: int = 0):
     """The segment of the shared expert's down-weight gradient reduced over `rows` rows in order, for its
     intermediate columns [s0, s0 + n), n = d_sd.shape[1]: d_sd [H, n] = dyᵀ a_s[:, s0:]."""
     n = d_sd.shape[1]
-    return Segment.all_wgrad(rows, H, n, Operand(dy, 0, 0, H), Operand(a_s, 0, 0, S, offset=s0), Operand(d_sd, 0, 0, n))
+    return _lib.Segment.all_wgrad(rows, H, n, _lib.Operand(dy, 0, 0, H), _lib.Operand(a_s, 0, 0, S, offset=s0),
+                                  _lib.Operand(d_sd, 0, 0, n))
 
 
 def shared_gate_up_segments(rows: int, H: int, S: int, dgu_s, x, d_sg, d_su, s0: int = 0):
     """The segments of the shared expert's gate and up weight gradients reduced over `rows` rows in order, for
     its intermediate columns [s0, s0 + n), n = d_sg.shape[0]: d_sg / d_su [n, H] = dg / du[:, s0:]ᵀ x."""
     n = d_sg.shape[0]
-    return [Segment.all_wgrad(rows, n, H, Operand(dgu_s, 0, 0, 2 * S, offset=half * S + s0), Operand(x, 0, 0, H),
-                              Operand(out, 0, 0, H))
+    return [_lib.Segment.all_wgrad(rows, n, H, _lib.Operand(dgu_s, 0, 0, 2 * S, offset=half * S + s0),
+                                   _lib.Operand(x, 0, 0, H),
+                                   _lib.Operand(out, 0, 0, H))
             for half, out in enumerate((d_sg, d_su))]
 
 
@@ -212,10 +215,11 @@ def gate_up_weight_grads(ctx: FastContext, dgu, dgu_s, dtype=torch.float32, sepa
     rg, ru, _, sg, su, _ = ctx.weights
     dev = dgu.device
     both, d_rg, d_ru = _gate_up_pair(rg, ru, dtype, separate, E, I, H)  # halves of `both`: write through it
-    outs = ([Operand(both, 2 * I * H, 0, H, offset=half * I * H) for half in (0, 1)] if both is not None else
-            [Operand(out, I * H, 0, H) for out in (d_rg, d_ru)])
-    x_rows = Operand(ctx.x_RH, 0, H, H)
-    segs = [Segment.expert_wgrad(sched.offsets, E, I, H, Operand(dgu, 0, 2 * I, 2 * I, offset=half * I), x_rows, out)
+    outs = ([_lib.Operand(both, 2 * I * H, 0, H, offset=half * I * H) for half in (0, 1)] if both is not None else
+            [_lib.Operand(out, I * H, 0, H) for out in (d_rg, d_ru)])
+    x_rows = _lib.Operand(ctx.x_RH, 0, H, H)
+    segs = [_lib.Segment.expert_wgrad(sched.offsets, E, I, H, _lib.Operand(dgu, 0, 2 * I, 2 * I, offset=half * I),
+                                      x_rows, out)
             for half, out in enumerate(outs)]
     d_sg = d_su = None
     if S and dgu_s is not None:
@@ -231,8 +235,9 @@ def down_weight_grads(ctx: FastContext, dy, go_RH, shared: bool, dtype=torch.flo
     d, dev, sched = ctx.dims, go_RH.device, ctx.sched
     H, I, S, T, E = d.H, d.I, d.S, d.T, d.E
     d_rd = _empty(dev, dtype, E, H, I)
-    segs = [Segment.expert_wgrad(sched.offsets, E, H, I, Operand(go_RH, 0, H, H), Operand(ctx.a_RI, 0, I, I),
-                                 Operand(d_rd, H * I, 0, I))]
+    segs = [_lib.Segment.expert_wgrad(sched.offsets, E, H, I, _lib.Operand(go_RH, 0, H, H),
+                                      _lib.Operand(ctx.a_RI, 0, I, I),
+                                      _lib.Operand(d_rd, H * I, 0, I))]
     d_sd = None
     if S and shared:
         d_sd = _empty(dev, dtype, H, S)

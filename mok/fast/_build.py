@@ -1,17 +1,20 @@
-"""Build and load the CUDA library of the fast path (csrc/*.cu; package data of the wheel) for sm_90a.
+"""Build and load the fast path's two native pieces (sources in csrc/, package data of the wheel).
 
-The library is built on first use with ``torch.utils.cpp_extension.load`` (ninja) into a cache
-directory (``$MOK_FAST_CACHE`` or ``~/.cache/mok/fast``) and reused afterwards;
-``MOK_FAST_REBUILD=1`` forces a rebuild. ``MOK_FAST_LIB=/path/lib.so`` loads a library built
-elsewhere instead (``python -m mok.fast._build OUT.so`` builds one with nvcc alone). The kernels
-expose a C ABI (csrc/mok_fast.h) and are called through ctypes.
+The kernels library (csrc/*.cu, sm_90a, a C ABI: csrc/mok_fast.h, exporting its entry points only) is built on
+first use with ``torch.utils.cpp_extension.load`` (ninja) into a cache directory (``$MOK_FAST_CACHE`` or
+``~/.cache/mok/fast``) and reused afterwards; ``MOK_FAST_LIB=/path/lib.so`` names one built elsewhere instead
+(``python -m mok.fast._build OUT.so`` builds one with nvcc alone, e.g. on a machine without a GPU).
+
+The binding (csrc/python_api.cpp, a pybind11 module taking tensors) is built on first use against the torch that
+imports it, with the C++ compiler alone, into the same cache, keyed by torch and Python version; it opens the kernels
+library itself (RTLD_LOCAL) on its first kernel call. ``MOK_FAST_REBUILD=1`` deletes both cached builds first.
 """
 from __future__ import annotations
 
-import ctypes
 import glob
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +25,15 @@ from .._resources import csrc_dir
 CSRC = csrc_dir()  # the wheel's copy, or the repository's csrc/ in a source checkout
 NAME = "mok_fast_sm90a"
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
-CUDA_FLAGS = ["-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", *ARCH_FLAGS]
+# -fvisibility=hidden: host symbols stay inside the library unless csrc/mok_fast.h marks them MOK_API (the C entry
+# points); the version script csrc/exports.map then keeps the C++ standard library's template instantiations (which
+# libstdc++'s headers mark visible) and the static CUDA runtime out of the dynamic symbol table too.
+CUDA_FLAGS = ["-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden",
+              *ARCH_FLAGS]
+EXPORTS_MAP = CSRC / "exports.map"
+BINDING_NAME = "mok_fast_binding"
+BINDING_SOURCE = CSRC / "python_api.cpp"
+BINDING_EXPORTS_MAP = CSRC / "binding_exports.map"  # the binding exports its module init function only
 
 
 class FastPathUnavailable(RuntimeError):
@@ -111,6 +122,7 @@ def build_with_torch(verbose: bool = False) -> str:
             sources=sources(),
             extra_cuda_cflags=[f for f in CUDA_FLAGS if f not in ARCH_FLAGS],
             extra_include_paths=[str(CSRC), *cutlass_include_dirs()],
+            extra_ldflags=[f"-Wl,--version-script={EXPORTS_MAP}"],
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=verbose,
@@ -150,11 +162,13 @@ def build_standalone(out: str, jobs: int = 2) -> str:
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
         objs = list(ex.map(compile_one, sources()))
-    subprocess.check_call([nvcc, *ARCH_FLAGS, "-shared", "-cudart", "static", *objs, "-o", out])
+    subprocess.check_call([nvcc, *ARCH_FLAGS, "-shared", "-cudart", "static", *objs, "-Xlinker",
+                           f"--version-script={EXPORTS_MAP}", "-o", out])
     return out
 
 
-_LIB: ctypes.CDLL | None = None
+_KERNELS: str | None = None  # the kernels library's path, once located (built if need be)
+_BINDING = None  # the binding module, once built and imported
 log = logging.getLogger("mok")
 
 
@@ -175,8 +189,8 @@ def sm90_problem(device) -> str | None:
 
 def is_available(device=None) -> tuple[bool, str]:
     """(ok, reason): whether the fast path can run on `device` (default: the current CUDA device),
-    without building anything: an sm_90 GPU, and a library to load (MOK_FAST_LIB, already loaded)
-    or what building one needs (nvcc and the CUTLASS headers)."""
+    without building anything: an sm_90 GPU, a C++ compiler for the binding, and a kernels library to load
+    (MOK_FAST_LIB, already loaded) or what building one needs (nvcc and the CUTLASS headers)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -187,8 +201,13 @@ def is_available(device=None) -> tuple[bool, str]:
     problem = sm90_problem(dev)
     if problem:
         return False, problem
-    if _LIB is not None:
+    if _BINDING is not None and _BINDING.kernels_loaded():
         return True, "sm_90 GPU, library loaded"
+    try:
+        find_cxx()
+        _binding_cuda_headers()
+    except FastPathUnavailable as e:
+        return False, str(e)
     if os.environ.get("MOK_FAST_LIB"):
         if not Path(os.environ["MOK_FAST_LIB"]).is_file():
             return False, f"MOK_FAST_LIB={os.environ['MOK_FAST_LIB']} is not a file"
@@ -201,23 +220,120 @@ def is_available(device=None) -> tuple[bool, str]:
     return True, f"sm_90 GPU, nvcc and CUTLASS present (kernels built on first use into {cache_dir()})"
 
 
-def library() -> ctypes.CDLL:
-    """The loaded library, built on first call (with a message saying so); raises
-    FastPathUnavailable when it cannot be built or loaded here."""
-    global _LIB
-    if _LIB is not None:
-        return _LIB
+def kernels_library() -> str:
+    """The kernels library's path: $MOK_FAST_LIB, or the first-use build (built on the first call, with a message
+    saying so); FastPathUnavailable when it cannot be had here. The binding calls this on its first kernel call."""
+    global _KERNELS
+    if _KERNELS is not None:
+        return _KERNELS
     import torch
 
     if not torch.cuda.is_available():
         raise FastPathUnavailable("mok.fast needs a CUDA GPU of compute capability 9.0 (Hopper); none is visible")
     path = os.environ.get("MOK_FAST_LIB")
-    if not path:
+    if path:
+        if not Path(path).is_file():
+            raise FastPathUnavailable(f"MOK_FAST_LIB={path} is not a file")
+    else:
         log.warning("mok.fast: compiling the CUDA kernels for sm_90a (first use: about 1 minute on 16 cores, "
                     "several on 2); cached in %s", cache_dir() / NAME)
         path = build_with_torch(verbose=os.environ.get("MOK_FAST_VERBOSE") == "1")
-    _LIB = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)  # its symbols never interpose on other libraries
-    return _LIB
+    _KERNELS = path
+    return path
+
+
+def find_cxx() -> str:
+    """The C++ compiler torch.utils.cpp_extension uses ($CXX or c++); FastPathUnavailable naming it if absent."""
+    cxx = os.environ.get("CXX", "c++")
+    found = shutil.which(cxx)
+    if found is None:
+        raise FastPathUnavailable(f"no C++ compiler: mok.fast builds its binding (csrc/python_api.cpp) on first use "
+                                  f"with {cxx!r}; install g++ or set CXX")
+    return found
+
+
+def _torch_release(version: str) -> str:
+    """'2.11.0' of a torch version string such as '2.11.0+cu130'."""
+    m = re.match(r"\d+\.\d+\.\d+", version)
+    return m.group(0) if m else version
+
+
+def _binding_cuda_headers() -> bool:
+    """Whether the binding is compiled with c10's CUDA guard and streams (a CUDA build of torch); they need the CUDA
+    toolkit's headers: FastPathUnavailable saying so when torch.utils.cpp_extension finds none."""
+    import torch
+
+    if torch.version.cuda is None:
+        return False
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is None:
+        raise FastPathUnavailable(f"torch {torch.__version__} is a CUDA build, so mok.fast's binding is compiled with "
+                                  f"c10's CUDA guard and streams, which need the CUDA toolkit's headers: set CUDA_HOME")
+    return True
+
+
+def binding_dir() -> Path:
+    """Where the binding is built: one directory per torch and Python version (the module links to both)."""
+    import torch
+
+    return cache_dir() / BINDING_NAME / f"torch-{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
+
+
+def build_binding(verbose: bool = False):
+    """Build (or reuse) and import the binding against this process's torch; returns the module. With a CUDA build
+    of torch it is compiled with c10's CUDA guard and streams, which need the CUDA toolkit's headers (CUDA_HOME);
+    with a CPU build of torch it is compiled without them and refuses kernel calls (its checks still run)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    find_cxx()
+    cuda = _binding_cuda_headers()
+    build_dir = binding_dir()
+    if os.environ.get("MOK_FAST_REBUILD") == "1" and build_dir.exists():
+        shutil.rmtree(build_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    if not glob.glob(str(build_dir / f"{BINDING_NAME}*.so")):
+        log.warning("mok.fast: compiling its binding (csrc/python_api.cpp) against torch %s (first use: about "
+                    "20 s of one core); cached in %s", torch.__version__, build_dir)
+    try:
+        module = cpp_extension.load(
+            name=BINDING_NAME,
+            sources=[str(BINDING_SOURCE)],
+            extra_cflags=["-O2", "-fvisibility=hidden", *(["-DMOK_TORCH_CUDA"] if cuda else [])],
+            extra_include_paths=[str(CSRC)],
+            extra_ldflags=[f"-Wl,--version-script={BINDING_EXPORTS_MAP}"],
+            with_cuda=cuda,
+            build_directory=str(build_dir),
+            verbose=verbose,
+        )
+    except ImportError as e:
+        raise FastPathUnavailable(f"mok.fast's binding in {build_dir} does not load under torch {torch.__version__} "
+                                  f"({e}); delete that directory or set MOK_FAST_REBUILD=1 to rebuild it") from e
+    if module.TORCH_VERSION != _torch_release(torch.__version__):
+        raise FastPathUnavailable(f"mok.fast's binding in {build_dir} was built against torch {module.TORCH_VERSION}, "
+                                  f"this is torch {torch.__version__}: delete that directory or set "
+                                  f"MOK_FAST_REBUILD=1 to rebuild it")
+    return module
+
+
+def binding():
+    """The binding module (csrc/python_api.cpp), built on first call; its kernel calls locate the kernels library
+    through `kernels_library` (looked up at each first call, so tests may replace it)."""
+    global _BINDING
+    if _BINDING is None:
+        module = build_binding(verbose=os.environ.get("MOK_FAST_VERBOSE") == "1")
+        module.set_kernels_locator(lambda: kernels_library())
+        _BINDING = module
+    return _BINDING
+
+
+def load():
+    """The binding with the kernels library loaded (both built on first use): what a layer needs before its first
+    call; raises FastPathUnavailable when either cannot be had here."""
+    module = binding()
+    module.load_kernels()
+    return module
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..reference import Dims
-from . import _ep_buffer, _lib, _lib_ep, _tiles
+from . import _ep_buffer, _lib, _tiles
 from ._backward import (d_act_swiglu, d_input_rows, gate_up_weights, release, shared_down_segment,
                         shared_gate_up_segments, weight_grads, wgrad_kind, whole_buffers)
 from ._forward import FastContext, Schedule, _empty, down, gate_up, swiglu
@@ -47,8 +47,8 @@ def local_dims(d: Dims) -> Dims:
 
 
 def _sync_phase(buf: _ep_buffer.EPBuffer, phase: int, epoch: torch.Tensor) -> None:
-    _lib_ep.ep_signal(buf.tables["flags"], phase, buf.rank, epoch)
-    _lib_ep.ep_wait(buf.local["flags"], phase, buf.rank, epoch, buf.timeout_s)
+    _lib.ep_signal(buf.tables["flags"], phase, buf.rank, epoch)
+    _lib.ep_wait(buf.local["flags"], phase, buf.rank, epoch, buf.timeout_s)
 
 
 def run_forward_ep(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
@@ -59,22 +59,22 @@ def run_forward_ep(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down
     buf = _ep_buffer.get(group, dev, T, H, K, dims.S)
     loc = local_dims(dims)
     R = W * T * K  # the dropless worst case: every pair of every rank on this rank's experts
-    _lib_ep.ep_next_epoch(buf.epoch_fwd)
+    _lib.ep_next_epoch(buf.epoch_fwd)
     buf.local["x"].copy_(x)
     buf.local["idx"].copy_(topk_idx)
     _sync_phase(buf, FWD_PUBLISHED, buf.epoch_fwd)
 
     idx_all = _empty(dev, torch.int64, W * T, K)
-    _lib_ep.ep_concat(buf.tables["idx"], idx_all)
+    _lib.ep_concat(buf.tables["idx"], idx_all)
     sched = Schedule(_empty(dev, torch.int32, 2 * L + 1), _empty(dev, torch.int32, R),
                      _empty(dev, torch.int32, W * T * K), _empty(dev, torch.int32, 1))
     _lib.schedule(idx_all, dims.E, buf.rank * L, L, R, sched.offsets, sched.row_pair, sched.pair_row, sched.flag)
     x_RH = _empty(dev, torch.bfloat16, R, H)
-    _lib_ep.ep_gather_rows(buf.tables["x"], T, K, sched.row_pair, sched.offsets, L, x_RH)
+    _lib.ep_gather_rows(buf.tables["x"], T, K, sched.row_pair, sched.offsets, L, x_RH)
     pq, pq_s = gate_up(x, x_RH, sched, loc, routed_gate, routed_up, shared_gate, shared_up)  # [g | u] here
     a_RI, a_s = swiglu(pq, pq_s, sched, loc)  # ... and [p | q] from here on
     o_rows, s_TH = down(a_RI, a_s, sched, loc, routed_down, shared_down)
-    _lib_ep.ep_scatter_rows(o_rows, sched.row_pair, sched.offsets, L, T * K, buf.tables["o_slots"])
+    _lib.ep_scatter_rows(o_rows, sched.row_pair, sched.offsets, L, T * K, buf.tables["o_slots"])
     _sync_phase(buf, FWD_PUSHED, buf.epoch_fwd)
 
     o_TKH = buf.local["o_slots"].clone()  # the next forward reuses the slots; backward needs these
@@ -91,7 +91,7 @@ def _shared_rows_all(buf, S: int, W: int, T: int, H: int, dev):
     out = {}
     for name, width in (("x_b", H), ("dy", H), ("a_s", S), ("dg_s", 2 * S)):
         out[name] = _empty(dev, torch.bfloat16, W * T, width)
-        _lib_ep.ep_concat(buf.tables[name], out[name])
+        _lib.ep_concat(buf.tables[name], out[name])
     return out
 
 
@@ -115,7 +115,7 @@ def shared_weight_grads(buf, d: Dims, rows_all: dict, dtype):
         return sg, su, sd
     _sync_phase(buf, BWD_SHARED, buf.epoch_bwd)
     slices = _empty(dev, dtype, W, 3 * n * H)
-    _lib_ep.ep_concat(buf.tables["wg_s"], slices)  # every rank's first 3*n*H values, rank order
+    _lib.ep_concat(buf.tables["wg_s"], slices)  # every rank's first 3*n*H values, rank order
     d_sg = slices[:, : n * H].reshape(S, H)
     d_su = slices[:, n * H: 2 * n * H].reshape(S, H)
     d_sd = slices[:, 2 * n * H:].reshape(W, H, n).permute(1, 0, 2).reshape(H, S)
@@ -135,7 +135,7 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separat
     loc = local_dims(d)
     lctx = replace(ctx, dims=loc)
     R = ctx.x_RH.shape[0]
-    _lib_ep.ep_next_epoch(buf.epoch_bwd)
+    _lib.ep_next_epoch(buf.epoch_bwd)
 
     d_w = _empty(dev, torch.float32, T, K)
     _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, buf.ident, sched.flag, d_w, buf.local["go"])
@@ -149,14 +149,14 @@ def run_backward_ep(ctx: EPContext, dy, weight_grad_dtype=torch.float32, separat
     _sync_phase(buf, BWD_PUBLISHED, buf.epoch_bwd)
 
     go_RH = _empty(dev, torch.bfloat16, R, H)
-    _lib_ep.ep_gather_rows(buf.tables["go"], T * K, 1, sched.row_pair, sched.offsets, L, go_RH)
+    _lib.ep_gather_rows(buf.tables["go"], T * K, 1, sched.row_pair, sched.offsets, L, go_RH)
     rows_all = _shared_rows_all(buf, S, W, T, H, dev) if S else None  # read before phase 3 lets ranks move on
     dgu, _ = d_act_swiglu(lctx, None, go_RH, rd, sd)
     release(release_saved, ctx.pq_R2I)
     w_gu, w_gu_s = gate_up_weights(rg, ru, sg, su)  # a concatenation lives only for the d_x GEMM
     dx_RH, dxs = d_input_rows(lctx, dgu, dgu_s, w_gu, w_gu_s)
     del w_gu, w_gu_s
-    _lib_ep.ep_scatter_rows(dx_RH, sched.row_pair, sched.offsets, L, T * K, buf.tables["dx_slots"])
+    _lib.ep_scatter_rows(dx_RH, sched.row_pair, sched.offsets, L, T * K, buf.tables["dx_slots"])
     del dx_RH  # read by nothing after the scatter (one stream: its block goes only to later work)
     _sync_phase(buf, BWD_PUSHED, buf.epoch_bwd)
 

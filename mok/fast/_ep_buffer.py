@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..reference import world
-from . import _lib_ep
+from . import _lib
 
 PHASES = 5  # forward: 0 inputs published, 1 rows pushed; backward: 2 rows published, 3 rows pushed, 4 shared slices
 ALIGN = 256
@@ -108,7 +108,7 @@ def create(group, device: torch.device, T: int, H: int, K: int, S: int) -> EPBuf
     torch.cuda.synchronize(device)  # flags are zero before any peer can signal into them
     peers = _share(raw, group)
     for p in {q.device for q in peers if q.device != device}:  # one GPU per rank: P2P to each peer device
-        _lib_ep.ep_enable_peer_access(device, p)
+        _lib.ep_enable_peer_access(device, p)
     tables = {name: torch.tensor([_view(p, spec).data_ptr() for p in peers], dtype=torch.int64, device=device)
               for name, spec in layout.items()}
     zero = torch.zeros(1, dtype=torch.int32, device=device)

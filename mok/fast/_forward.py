@@ -16,7 +16,6 @@ import torch
 from ..reference import Dims, record_versions
 from . import _lib, _tiles
 from ._checks import gate_up_halves, stacked_gate_up
-from ._lib import Operand, Segment
 
 
 @dataclass
@@ -72,17 +71,18 @@ def gate_up(x_TH, x_RH, sched: Schedule, d: Dims, routed_gate, routed_up, shared
     """(gu [R, 2I] fp32, gu_s [T, 2S] fp32 or None): routed and shared gate/up GEMMs in one launch."""
     dev, (T, H, I, S, E) = x_TH.device, (d.T, d.H, d.I, d.S, d.E)
     gu = _empty(dev, torch.float32, x_RH.shape[0], 2 * I)
-    x_rows = Operand(x_RH, 0, H, H)
+    x_rows = _lib.Operand(x_RH, 0, H, H)
     w_gu = stacked_gate_up(routed_gate, routed_up)  # halves of one [E, 2I, H] tensor: read them from it
-    w_ops = ([Operand(w_gu, 2 * I * H, 0, H, offset=half * I * H) for half in (0, 1)] if w_gu is not None else
-             [Operand(w, I * H, 0, H) for w in (routed_gate, routed_up)])
-    segs = [Segment.expert_rows(sched.offsets, E, I, H, x_rows, w_op, Operand(gu, 0, 2 * I, 2 * I, offset=half * I))
+    w_ops = ([_lib.Operand(w_gu, 2 * I * H, 0, H, offset=half * I * H) for half in (0, 1)] if w_gu is not None else
+             [_lib.Operand(w, I * H, 0, H) for w in (routed_gate, routed_up)])
+    segs = [_lib.Segment.expert_rows(sched.offsets, E, I, H, x_rows, w_op,
+                                     _lib.Operand(gu, 0, 2 * I, 2 * I, offset=half * I))
             for half, w_op in enumerate(w_ops)]
     gu_s = None
     if S:
         gu_s = _empty(dev, torch.float32, T, 2 * S)
-        segs += [Segment.all_rows(T, S, H, Operand(x_TH, 0, 0, H), Operand(w, 0, 0, H),
-                                  Operand(gu_s, 0, 0, 2 * S, offset=half * S))
+        segs += [_lib.Segment.all_rows(T, S, H, _lib.Operand(x_TH, 0, 0, H), _lib.Operand(w, 0, 0, H),
+                                       _lib.Operand(gu_s, 0, 0, 2 * S, offset=half * S))
                  for half, w in enumerate((shared_gate, shared_up))]
     _tiles.grouped_gemm(_lib.GEMM_TN_F32, segs, dev, H, I)
     return gu, gu_s
@@ -91,7 +91,7 @@ def gate_up(x_TH, x_RH, sched: Schedule, d: Dims, routed_gate, routed_up, shared
 def _b_halves(halves, ld: int) -> tuple:
     """(b, b_up) operands of the fused gate/up GEMM from `_checks.gate_up_halves`'s (b, b_up, expert_stride)."""
     b, up, es = halves
-    return Operand(b, es, 0, ld), (Operand(up, es, 0, ld) if up is not None else None)
+    return _lib.Operand(b, es, 0, ld), (_lib.Operand(up, es, 0, ld) if up is not None else None)
 
 
 def gate_up_swiglu(x_TH, x_RH, sched: Schedule, d: Dims, halves, halves_s, variant: int):
@@ -103,14 +103,14 @@ def gate_up_swiglu(x_TH, x_RH, sched: Schedule, d: Dims, halves, halves_s, varia
     R = x_RH.shape[0]
     pq, a = _empty(dev, torch.float32, R, 2 * I), _empty(dev, torch.bfloat16, R, I)
     b, b_up = _b_halves(halves, H)
-    segs = [Segment.expert_rows(sched.offsets, E, 2 * I, H, Operand(x_RH, 0, H, H), b,
-                                Operand(pq, 0, 2 * I, 2 * I), aux=Operand(a, 0, I, I), b_up=b_up)]
+    segs = [_lib.Segment.expert_rows(sched.offsets, E, 2 * I, H, _lib.Operand(x_RH, 0, H, H), b,
+                                     _lib.Operand(pq, 0, 2 * I, 2 * I), aux=_lib.Operand(a, 0, I, I), b_up=b_up)]
     pq_s = a_s = None
     if S:
         pq_s, a_s = _empty(dev, torch.float32, T, 2 * S), _empty(dev, torch.bfloat16, T, S)
         b, b_up = _b_halves(halves_s, H)
-        segs.append(Segment.all_rows(T, 2 * S, H, Operand(x_TH, 0, 0, H), b, Operand(pq_s, 0, 0, 2 * S),
-                                     aux=Operand(a_s, 0, 0, S), b_up=b_up))
+        segs.append(_lib.Segment.all_rows(T, 2 * S, H, _lib.Operand(x_TH, 0, 0, H), b, _lib.Operand(pq_s, 0, 0, 2 * S),
+                                          aux=_lib.Operand(a_s, 0, 0, S), b_up=b_up))
     _lib.grouped_gemm(_lib.GEMM_TN_SWIGLU_FWD, segs, dev, variant)
     return pq, pq_s, a, a_s
 
@@ -144,13 +144,14 @@ def down(a_RI, a_s, sched: Schedule, d: Dims, routed_down, shared_down):
     """(o [R, H] bf16, s [T, H] bf16 or None): routed and shared down GEMMs in one launch."""
     dev, (T, H, I, S, E) = a_RI.device, (d.T, d.H, d.I, d.S, d.E)
     o = _empty(dev, torch.bfloat16, a_RI.shape[0], H)
-    segs = [Segment.expert_rows(sched.offsets, E, H, I, Operand(a_RI, 0, I, I), Operand(routed_down, H * I, 0, I),
-                                Operand(o, 0, H, H))]
+    segs = [_lib.Segment.expert_rows(sched.offsets, E, H, I, _lib.Operand(a_RI, 0, I, I),
+                                     _lib.Operand(routed_down, H * I, 0, I),
+                                     _lib.Operand(o, 0, H, H))]
     s = None
     if a_s is not None:
         s = _empty(dev, torch.bfloat16, T, H)
-        segs.append(Segment.all_rows(T, H, S, Operand(a_s, 0, 0, S), Operand(shared_down, 0, 0, S),
-                                     Operand(s, 0, 0, H)))
+        segs.append(_lib.Segment.all_rows(T, H, S, _lib.Operand(a_s, 0, 0, S), _lib.Operand(shared_down, 0, 0, S),
+                                          _lib.Operand(s, 0, 0, H)))
     _tiles.grouped_gemm(_lib.GEMM_TN_BF16, segs, dev, H, I)
     return o, s
 

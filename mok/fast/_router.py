@@ -18,7 +18,6 @@ import torch
 from ..reference import check_route_args, check_score
 from . import _lib
 from ._checks import check_cuda
-from ._lib import Operand, Segment
 
 
 _on_cuda = check_cuda  # the layer's device check; CPU tests with stand-in kernels (tests/fast/test_errors_cpu.py)
@@ -67,9 +66,9 @@ def router_forward(x_TH: torch.Tensor, w_EH: torch.Tensor, k: int, score: str, n
     dev = x_TH.device
     logits_p = torch.empty(T, Ep, dtype=torch.float32, device=dev)
     if T:
-        _lib.grouped_gemm(_lib.GEMM_TN_F32, [Segment.all_rows(T, Ep, H, Operand(x_TH, 0, 0, H),
-                                                              Operand(_padded_rows(w_EH, 1), 0, 0, H),
-                                                              Operand(logits_p, 0, 0, Ep))], dev)
+        _lib.grouped_gemm(_lib.GEMM_TN_F32, [_lib.Segment.all_rows(T, Ep, H, _lib.Operand(x_TH, 0, 0, H),
+                                                                   _lib.Operand(_padded_rows(w_EH, 1), 0, 0, H),
+                                                                   _lib.Operand(logits_p, 0, 0, Ep))], dev)
     scores = torch.empty(T, E, dtype=torch.float32, device=dev)
     topk_idx = torch.empty(T, k, dtype=torch.int64, device=dev)
     topk_w = torch.empty(T, k, dtype=torch.float32, device=dev)
@@ -96,9 +95,9 @@ def router_backward(x_TH, w_EH, scores_TE, topk_idx_TK, d_topk_weight_TK, d_scor
                     normalize, hl)
     d_x = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     # d_x = [hi | lo] · [W; W]: one fp32 accumulation over 2Ep
-    _lib.grouped_gemm(_lib.GEMM_NN_BF16, [Segment.all_rows(T, H, 2 * Ep, Operand(hl, 0, 0, 2 * Ep),
-                                                           Operand(_padded_rows(w_EH, 2), 0, 0, H),
-                                                           Operand(d_x, 0, 0, H))], dev)
+    _lib.grouped_gemm(_lib.GEMM_NN_BF16, [_lib.Segment.all_rows(T, H, 2 * Ep, _lib.Operand(hl, 0, 0, 2 * Ep),
+                                                                _lib.Operand(_padded_rows(w_EH, 2), 0, 0, H),
+                                                                _lib.Operand(d_x, 0, 0, H))], dev)
     d_w2 = weight_grad_halves(hl, x_TH, Ep)
     return d_x, d_w2[0, :E] + d_w2[1, :E]
 
@@ -113,8 +112,9 @@ def weight_grad_halves(hl_T2E: torch.Tensor, x_TH: torch.Tensor, Ep: int, kind: 
     T, H = x_TH.shape
     d_w2 = torch.empty(2, Ep, H, dtype=torch.float32, device=x_TH.device)
     _lib.grouped_gemm(kind, [
-        Segment.all_wgrad(T, Ep, H, Operand(hl_T2E, 0, 0, 2 * Ep, offset=half * Ep), Operand(x_TH, 0, 0, H),
-                          Operand(d_w2, 0, 0, H, offset=half * Ep * H)) for half in (0, 1)], x_TH.device)
+        _lib.Segment.all_wgrad(T, Ep, H, _lib.Operand(hl_T2E, 0, 0, 2 * Ep, offset=half * Ep),
+                               _lib.Operand(x_TH, 0, 0, H),
+                               _lib.Operand(d_w2, 0, 0, H, offset=half * Ep * H)) for half in (0, 1)], x_TH.device)
     return d_w2
 
 

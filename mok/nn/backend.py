@@ -62,12 +62,12 @@ def resolve(requested: str, device: torch.device, **layer) -> tuple[str, str]:
 
 
 def ensure_ready(requested: str) -> tuple[bool, str]:
-    """Load (building on first use) the fast path's kernels. (True, "") when ready; for "auto" a failed
+    """Load (building on first use) the fast path's binding and kernels. (True, "") when ready; for "auto" a failed
     build gives (False, why) so the caller falls back to the reference; for "fast" it raises."""
     from ..fast import _build
 
     try:
-        _build.library()
+        _build.load()
     except Exception as e:  # no nvcc / CUTLASS / compiler error: reported, and raised unless "auto"
         if requested != "auto":
             raise

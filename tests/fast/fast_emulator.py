@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from mok import reference
-from mok.fast import _checks, _context, _ep_buffer, _lib, _lib_ep
+from mok.fast import _checks, _context, _ep_buffer, _lib
 
 _VIEWS: dict[int, torch.Tensor] = {}  # address in this process -> the tensor view it starts
 _FILES: list[str] = []
@@ -284,7 +284,7 @@ def install() -> None:
         setattr(_lib, name, globals()[name])
     for name in ("ep_gather_rows", "ep_scatter_rows", "ep_concat", "ep_next_epoch", "ep_signal", "ep_wait",
                  "ep_enable_peer_access"):
-        setattr(_lib_ep, name, globals()[name])
+        setattr(_lib, name, globals()[name])
     _ep_buffer.create = create
     mok.fast.check_inputs = _check_inputs
     _context.check_inputs = _check_inputs

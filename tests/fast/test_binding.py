@@ -1,25 +1,27 @@
-"""One binding (CPU only, no GPU, nothing built): the ctypes table of mok.fast._lib matches the C ABI
-header csrc/mok_fast.h function by function, field by field and value by value, and Python code
-neither does pointer arithmetic nor reaches into the reference's private modules.
+"""The typed binding (csrc/python_api.cpp, reached through mok.fast._lib): it binds every entry point of the C ABI
+(csrc/mok_fast.h) and its constants; every function, called with keyword arguments, refuses a tensor of the wrong
+dtype, shape, layout or device and an integer that disagrees with the shapes (two swapped) with a TypeError /
+ValueError naming the argument, before the kernels library is even looked up (on the CPU, where it then asks for a
+CUDA tensor; on an sm_90 GPU the same errors, and the right arguments launch). Python code neither keeps a ctypes
+table nor does pointer arithmetic, nor reaches into the reference's private modules.
 
-The header is parsed as text: comments stripped, then the structs, the enum, the #defines and the
-declarations inside `extern "C" { ... }`. Any C type this parser does not know fails the test, so a
-new type has to be mapped here on purpose.
+Building the binding needs a C++ compiler (the `mok_binding` fixture skips, saying so, without one).
 """
 import ast
-import ctypes
 import io
 import re
 import tokenize
 from pathlib import Path
 
 import pytest
+import torch
 
-from mok.fast import _lib
+from mok.fast import _build, _lib
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 HEADER = CSRC / "mok_fast.h"
+GPU = [pytest.mark.gpu, pytest.mark.sm90]
 
 
 def _strip_comments(src: str) -> str:
@@ -31,69 +33,9 @@ def _header() -> str:
     return _strip_comments(HEADER.read_text())
 
 
-# C type (const and spaces removed; pointer stars kept) -> ctypes type, for arguments and fields.
-_SCALARS = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "size_t": ctypes.c_size_t,
-            "cudaStream_t": ctypes.c_void_p}
-
-
-def _ctype(c_type: str, *, result: bool = False):
-    """The ctypes type the binding must use for C type `c_type`."""
-    is_const = re.search(r"\bconst\b", c_type) is not None
-    t = re.sub(r"\bconst\b", "", c_type).replace(" ", "")
-    if t.endswith("*"):
-        base = t.rstrip("*")
-        if t.count("*") == 1 and base == "char" and is_const and result:
-            return ctypes.c_char_p  # const char*: a C string (mok_last_error)
-        if t.count("*") == 1 and base == "MokSegment":
-            return ctypes.POINTER(_lib.MokSegment)  # the host array of segments, typed
-        return ctypes.c_void_p  # every other pointer: a raw address
-    if t in _SCALARS:
-        return _SCALARS[t]
-    if t in ("MokOperand", "MokSegment"):
-        return getattr(_lib, t)
-    raise AssertionError(f"mok_fast.h: C type {c_type!r} has no mapping in tests/fast/test_binding.py")
-
-
-def _split_decl(decl: str) -> tuple[str, str]:
-    """'const int* offsets' -> ('const int*', 'offsets')."""
-    m = re.fullmatch(r"\s*(.*?[\s*])(\w+)\s*", decl)
-    assert m, f"cannot parse declaration {decl!r}"
-    return m.group(1).strip(), m.group(2)
-
-
-def header_functions() -> dict:
-    """name -> (C return type, [C argument types]) for every function in extern "C" { ... }."""
-    src = _header()
-    m = re.search(r'extern\s+"C"\s*\{(.*)\}', src, flags=re.S)
-    assert m, 'mok_fast.h: no extern "C" block'
-    funcs = {}
-    for decl in m.group(1).split(";"):
-        decl = " ".join(decl.split())
-        if not decl:
-            continue
-        f = re.fullmatch(r"(.+?[\s*])(\w+)\s*\((.*)\)", decl)
-        assert f, f"cannot parse {decl!r}"
-        args = [a for a in (x.strip() for x in f.group(3).split(",")) if a and a != "void"]
-        funcs[f.group(2)] = (f.group(1).strip(), [_split_decl(a)[0] for a in args])
-    return funcs
-
-
-def header_structs() -> dict:
-    """struct name -> [(field name, C type)] in declaration order (`int m, n, k;` gives three)."""
-    structs = {}
-    for name, body in re.findall(r"struct\s+(\w+)\s*\{(.*?)\}\s*;", _header(), flags=re.S):
-        fields = []
-        for decl in body.split(";"):
-            decl = " ".join(decl.split())
-            if not decl:
-                continue
-            first, *more = (d.strip() for d in decl.split(","))
-            c_type, fname = _split_decl(first)
-            base = c_type.rstrip("*").strip()  # `int* a, b` would make b an int: keep the stars per name
-            fields.append((fname, c_type))
-            fields += [(_split_decl(f"{base} {d}")[1], base + "*" * d.count("*")) for d in more]
-        structs[name] = fields
-    return structs
+def header_entry_points() -> list[str]:
+    """The C entry points the header exports (declared MOK_API), in order."""
+    return re.findall(r"\bMOK_API\s+[^;{}()]*?\b(mok_\w+)\s*\(", _header())
 
 
 def header_enum(name: str) -> dict:
@@ -111,85 +53,278 @@ def header_defines() -> dict:
     return {k: int(v, 0) for k, v in re.findall(r"#define\s+(MOK_\w+)\s+(\d+)\s*$", _header(), flags=re.M)}
 
 
-# ---------------------------------------------------------------- the parser itself
-
-
-def test_parser_sees_the_header():
-    """Guards the tests below against a parser that silently finds nothing."""
-    funcs, structs = header_functions(), header_structs()
-    assert {"mok_grouped_gemm", "mok_schedule", "mok_combine_fwd", "mok_last_error"} <= set(funcs)
-    assert len(funcs) >= 15
-    assert [f for f, _ in structs["MokSegment"]][:6] == ["num_groups", "rows_dim", "fixed_rows", "m", "n", "k"]
-    assert header_functions()["mok_grouped_gemm"][1][2] == "const MokSegment*"
-
-
-@pytest.mark.parametrize("c_type, expected", [
-    ("int", ctypes.c_int),                          # plain int
-    ("int64_t", ctypes.c_int64),                    # 64-bit sizes and strides
-    ("size_t", ctypes.c_size_t),                    # byte counts
-    ("cudaStream_t", ctypes.c_void_p),              # an opaque handle: an address
-    ("const float*", ctypes.c_void_p),              # a device pointer
-    ("void*", ctypes.c_void_p),                     # an untyped device pointer
-])
-def test_type_mapping(c_type, expected):
-    assert _ctype(c_type) is expected
-
-
-def test_unknown_c_type_is_refused():
-    with pytest.raises(AssertionError, match="no mapping"):
-        _ctype("double")
-
-
 # ---------------------------------------------------------------- the binding against the header
 
 
-def test_signatures_list_exactly_the_header_functions():
-    header, table = set(header_functions()), set(_lib.SIGNATURES)
-    assert header == table, f"only in mok_fast.h: {sorted(header - table)}; only in SIGNATURES: {sorted(table - header)}"
+def test_the_header_parser_sees_the_entry_points():
+    """Guards the tests below against a parser that silently finds nothing."""
+    names = header_entry_points()
+    assert {"mok_grouped_gemm", "mok_schedule", "mok_combine_fwd", "mok_last_error", "mok_ep_wait"} <= set(names)
+    assert len(names) == len(set(names)) >= 20
 
 
-@pytest.mark.parametrize("name", sorted(header_functions()))  # one row per C function of the header
-def test_signature_types_match_the_header(name):
-    c_ret, c_args = header_functions()[name]
-    res, args = _lib.SIGNATURES[name]
-    assert res is _ctype(c_ret, result=True), f"{name}: returns {c_ret}, SIGNATURES says {res.__name__}"
-    assert len(args) == len(c_args), f"{name}: {len(c_args)} arguments in the header, {len(args)} in SIGNATURES"
-    for i, (c, py) in enumerate(zip(c_args, args, strict=True)):
-        assert py is _ctype(c), f"{name}: argument {i} is {c}, SIGNATURES says {py.__name__}"
+def test_the_binding_resolves_every_entry_point_of_the_header(mok_binding):
+    """Its table of typed function pointers (decltype of each declaration) covers the header, no more, no less."""
+    assert sorted(mok_binding.ENTRY_POINTS) == sorted(header_entry_points())
 
 
-@pytest.mark.parametrize("struct", ["MokOperand", "MokSegment"])  # every struct the C ABI passes
-def test_structs_match_field_by_field(struct):
-    c_fields = header_structs()[struct]
-    py_fields = getattr(_lib, struct)._fields_
-    assert [f for f, _ in py_fields] == [f for f, _ in c_fields], struct
-    for (fname, c_type), (_, py) in zip(c_fields, py_fields, strict=True):
-        assert py is _ctype(c_type), f"{struct}.{fname}: {c_type} in C, {py.__name__} in ctypes"
-
-
-def test_header_declares_no_other_struct():
-    assert set(header_structs()) == {"MokOperand", "MokSegment"}
-
-
-def test_gemm_kinds_match_the_enum():
-    enum = header_enum("MokGemmKind")
-    n = enum.pop("MOK_GEMM_NUM_KINDS")
-    assert _lib.GEMM_KINDS == enum
-    assert len(enum) == n and sorted(enum.values()) == list(range(n))
-
-
-def test_limits_match_the_defines():
-    d = header_defines()
-    assert d["MOK_MAX_SEGMENTS"] == _lib.MAX_SEGMENTS
-    assert d["MOK_ROUTER_MAX_E"] == _lib.ROUTER_MAX_E
-    assert d["MOK_GEMM_NUM_VARIANTS"] == _lib.NUM_GEMM_VARIANTS
-
-
-@pytest.mark.parametrize("name", sorted(header_functions()))  # each declared function needs a definition
-def test_every_header_function_is_defined_in_csrc(name):
+@pytest.mark.parametrize("name", header_entry_points())  # each declared function needs a definition
+def test_every_entry_point_is_defined_once_in_csrc(name):
     pattern = re.compile(rf"\b{name}\s*\([^;{{}}]*\)\s*\{{")
     hits = [p.name for p in CSRC.glob("*.cu") if pattern.search(_strip_comments(p.read_text()))]
     assert len(hits) == 1, f"{name}: defined in {hits or 'no'} csrc/*.cu file(s), expected exactly one"
+
+
+def test_python_constants_match_the_header():
+    """_lib's kinds and limits, read by the tile rules before anything is built."""
+    enum = header_enum("MokGemmKind")
+    n = enum.pop("MOK_GEMM_NUM_KINDS")
+    assert _lib.GEMM_KINDS == enum and len(enum) == n and sorted(enum.values()) == list(range(n))
+    d = header_defines()
+    assert (d["MOK_MAX_SEGMENTS"], d["MOK_ROUTER_MAX_E"], d["MOK_GEMM_NUM_VARIANTS"]) == \
+        (_lib.MAX_SEGMENTS, _lib.ROUTER_MAX_E, _lib.NUM_GEMM_VARIANTS)
+
+
+def test_python_constants_match_the_binding(mok_binding):
+    assert mok_binding.GEMM_KINDS == _lib.GEMM_KINDS
+    assert (mok_binding.MAX_SEGMENTS, mok_binding.ROUTER_MAX_E, mok_binding.NUM_GEMM_VARIANTS) == \
+        (_lib.MAX_SEGMENTS, _lib.ROUTER_MAX_E, _lib.NUM_GEMM_VARIANTS)
+
+
+def test_the_binding_is_this_torchs(mok_binding):
+    assert mok_binding.TORCH_VERSION == re.match(r"\d+\.\d+\.\d+", torch.__version__).group(0)
+
+
+def test_a_binding_built_for_another_torch_is_refused_saying_what_to_do(mok_binding, monkeypatch):
+    monkeypatch.setattr(_build, "_torch_release", lambda version: "2.0.1")  # as if this were torch 2.0.1
+    with pytest.raises(_build.FastPathUnavailable, match=r"built against torch \d+\.\d+\.\d+, this is torch .*: delete "
+                       r"that directory or set MOK_FAST_REBUILD=1"):
+        _build.build_binding()
+
+
+def test_no_compiler_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-c++-compiler")
+    with pytest.raises(_build.FastPathUnavailable, match="no C\\+\\+ compiler.*'no-such-c\\+\\+-compiler'.*set CXX"):
+        _build.find_cxx()
+
+
+# ---------------------------------------------------------------- every function's checks
+
+T, K, H, E, I = 5, 2, 16, 8, 8  # tokens, experts per token, hidden, experts (all local), intermediate
+R = T * K
+
+
+def _z(dev, *shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype, device=dev)
+
+
+def _i32(dev, *shape):
+    return _z(dev, *shape, dtype=torch.int32)
+
+
+def _i64(dev, *shape):
+    return _z(dev, *shape, dtype=torch.int64)
+
+
+def _b16(dev, *shape):
+    return _z(dev, *shape, dtype=torch.bfloat16)
+
+
+def _gemm(dev, **seg):
+    """A TN_F32 GEMM D [4, 8] fp32 = A [4, 16] bf16 · B [8, 16]ᵀ; `seg` overrides all_rows' arguments."""
+    args = dict(rows=4, n=8, k=16, a=_lib.Operand(_b16(dev, 4, 16), 0, 0, 16),
+                b=_lib.Operand(_b16(dev, 8, 16), 0, 0, 16),
+                d=_lib.Operand(_z(dev, 4, 8), 0, 0, 8))
+    args.update(seg)
+    return dict(kind=_lib.GEMM_TN_F32, segments=[_lib.Segment.all_rows(**args)], device=torch.device(dev), variant=0)
+
+
+# The right keyword arguments of each function on device `dev` (EP: pointer tables, so not launched on the GPU).
+GOOD = {
+    "schedule": lambda dev: dict(topk_idx=_i64(dev, T, K), E=E + 4, e0=0, L=E, capacity=R, offsets=_i32(dev, 2 * E + 1),
+                                 row_pair=_i32(dev, R), pair_row=_i32(dev, R), flag=_i32(dev, 1)),
+    "gather_rows": lambda dev: dict(x_TH=_b16(dev, T, H), pair_row=_i32(dev, R), capacity=R, x_RH=_b16(dev, R, H)),
+    "swiglu_fwd": lambda dev: dict(gu=_z(dev, R, 2 * I), offsets=_i32(dev, 2 * E + 1), L=E, fixed_rows=0, I=I,
+                                   capacity=R, a=_b16(dev, R, I)),
+    "swiglu_bwd": lambda dev: dict(da=_z(dev, R, I), pq=_z(dev, R, 2 * I), offsets=None, L=0, fixed_rows=R, I=I,
+                                   capacity=R, dgu=_b16(dev, R, 2 * I)),
+    "combine_fwd": lambda dev: dict(s_TH=_b16(dev, T, H), o_RH=_b16(dev, R, H), w_TK=_z(dev, T, K),
+                                    pair_row=_i32(dev, R), flag=_i32(dev, 1), y_TH=_b16(dev, T, H)),
+    "combine_bwd_pre": lambda dev: dict(dy_TH=_b16(dev, T, H), o_RH=_b16(dev, R, H), w_TK=_z(dev, T, K),
+                                        pair_row=_i32(dev, R), flag=_i32(dev, 1), d_w_TK=_z(dev, T, K),
+                                        go_RH=_b16(dev, R, H)),
+    "combine_bwd_dx": lambda dev: dict(dxs_TH=_b16(dev, T, H), dx_RH=_b16(dev, R, H), pair_row=_i32(dev, R),
+                                       flag=_i32(dev, 1), K=K, dx_TH=_b16(dev, T, H)),
+    "zero_empty": lambda dev: dict(d=_z(dev, E, 4, H), offsets=_i32(dev, 2 * E + 1), L=E, flag=_i32(dev, 1)),
+    "poison": lambda dev: dict(t=_z(dev, T, H), flag=_i32(dev, 1)),
+    "cast_pair_bf16": lambda dev: dict(first=_z(dev, E, 4, H), second=_z(dev, E, 4, H), out=_b16(dev, E, 8, H)),
+    "router_topk": lambda dev: dict(logits=_z(dev, T, E), E=E, K=K, softmax=True, normalize=True,
+                                    scores=_z(dev, T, E), topk_idx=_i64(dev, T, K), topk_w=_z(dev, T, K)),
+    "router_bwd": lambda dev: dict(scores=_z(dev, T, E), topk_idx=_i64(dev, T, K), d_w=_z(dev, T, K), d_scores=None,
+                                   d_logits=None, softmax=True, normalize=True, hl=_b16(dev, T, 2 * E)),
+    "router_losses": lambda dev: dict(scores=_z(dev, T, E), logits=_z(dev, T, E), topk_idx=_i64(dev, T, K),
+                                      normalize_rows=False, balance=_z(dev), z=_z(dev)),
+    "router_losses_bwd": lambda dev: dict(d_balance=_z(dev), d_z=_z(dev), scores=_z(dev, T, E), logits=_z(dev, T, E),
+                                          topk_idx=_i64(dev, T, K), normalize_rows=False, d_scores=_z(dev, T, E),
+                                          d_logits=_z(dev, T, E)),
+    "grouped_gemm": _gemm,
+    "ep_gather_rows": lambda dev: dict(peers=_i64(dev, 2), per_rank=T, div=K, row_pair=_i32(dev, R),
+                                       offsets=_i32(dev, 2 * E + 1), L=E, out=_b16(dev, R, H)),
+    "ep_scatter_rows": lambda dev: dict(rows=_b16(dev, R, H), row_pair=_i32(dev, R), offsets=_i32(dev, 2 * E + 1),
+                                        L=E, per_rank=R, peers=_i64(dev, 2)),
+    "ep_concat": lambda dev: dict(peers=_i64(dev, 2), out=_i64(dev, 4, 8)),
+    "ep_next_epoch": lambda dev: dict(epoch=_i32(dev, 1)),
+    "ep_signal": lambda dev: dict(peer_flags=_i64(dev, 2), phase=3, rank=1, epoch=_i32(dev, 1)),
+    "ep_wait": lambda dev: dict(flags=_i32(dev, 5, 2), phase=3, rank=1, epoch=_i32(dev, 1), timeout_s=1.0),
+}
+EP = {name for name in GOOD if name.startswith("ep_")}
+
+
+def _swap(a, b):
+    def change(kw, dev):
+        kw[a], kw[b] = kw[b], kw[a]
+    return change
+
+
+def _set(**values):
+    def change(kw, dev):
+        kw.update({k: v(dev) if callable(v) else v for k, v in values.items()})
+    return change
+
+
+def _elsewhere(name):
+    """Move argument `name` to another device than the call's (meta beside the CPU, the CPU beside a GPU)."""
+    def change(kw, dev):
+        kw[name] = kw[name].to("meta" if dev == "cpu" else "cpu")
+    return change
+
+
+V, TE = ValueError, TypeError
+# (function, what is wrong, how, exception, the start of its message)
+BAD = [
+    ("schedule", "E and L swapped", _swap("E", "L"), V, r"e0, L: expected the local experts \[e0, e0 \+ L\)"),
+    ("schedule", "pair_row one too long", _set(pair_row=lambda d: _i32(d, R + 1)), V,
+     r"pair_row: expected shape \(T\*K,\)"),
+    ("schedule", "offsets for other L", _set(offsets=lambda d: _i32(d, 2 * E)), V,
+     r"offsets: expected shape \(2L\+1,\)"),
+    ("schedule", "int32 ids", _set(topk_idx=lambda d: _i32(d, T, K)), TE,
+     "topk_idx: expected dtype torch.int64, got torch.int32"),
+    ("schedule", "row_pair elsewhere", _elsewhere("row_pair"), V, "row_pair: expected device"),
+    ("gather_rows", "capacity off by one", _set(capacity=R - 1), V, r"x_RH: expected shape \(capacity, H\)"),
+    ("gather_rows", "strided x", _set(x_TH=lambda d: _b16(d, H, T).t()), V, "x_TH: expected a contiguous tensor"),
+    ("swiglu_fwd", "I and capacity swapped", _swap("I", "capacity"), V, r"gu: expected shape \(capacity, 2I\)"),
+    ("swiglu_fwd", "offsets for fewer experts", _set(offsets=lambda d: _i32(d, E)), V, "offsets: expected at least"),
+    ("swiglu_bwd", "more rows than capacity", _set(fixed_rows=R + 1), V, "fixed_rows: expected 0 <= fixed_rows"),
+    ("swiglu_bwd", "bf16 da", _set(da=lambda d: _b16(d, R, I)), TE, "da: expected dtype torch.float32"),
+    ("combine_fwd", "T and K swapped in w", _set(w_TK=lambda d: _z(d, K, T)), V, "topk_weight: expected T = 5 rows"),
+    ("combine_fwd", "int64 flag", _set(flag=lambda d: _i64(d, 1)), TE, "flag: expected dtype torch.int32"),
+    ("combine_bwd_pre", "o rows of another H", _set(o_RH=lambda d: _b16(d, R, K)), V, r"o_RH: expected shape \(R, H\)"),
+    ("combine_bwd_pre", "go not o's shape", _set(go_RH=lambda d: _b16(d, R - 1, H)), V, "go_RH: expected o_RH's shape"),
+    ("combine_bwd_dx", "K given T", _set(K=T), V, r"pair_row: expected shape \(T\*K,\) = \(25,\) for T = 5 and K = 5"),
+    ("zero_empty", "L of another layer", _set(L=E // 2), V, "d: expected L = 4 expert blocks"),
+    ("poison", "an int tensor", _set(t=lambda d: _i32(d, T, H)), TE,
+     "t: expected dtype torch.float32 or torch.bfloat16"),
+    ("cast_pair_bf16", "halves of two shapes", _set(second=lambda d: _z(d, E, 4, 8)), V, "second: expected shape"),
+    ("router_topk", "E and K swapped", _swap("E", "K"), V, "E, K: expected 1 <= K <= E"),
+    ("router_bwd", "hl narrower than 2E", _set(hl=lambda d: _b16(d, T, E)), V,
+     r"hl: expected shape \(T, 2 \* ld_half\)"),
+    ("router_bwd", "T and K swapped in d_w", _set(d_w=lambda d: _z(d, K, T)), V,
+     r"d_topk_weight: expected shape \(T, K\)"),
+    ("router_losses", "a [1] balance", _set(balance=lambda d: _z(d, 1)), V,
+     r"balance: expected a scalar tensor, shape \(\)"),
+    ("router_losses_bwd", "T and E swapped in d_logits", _set(d_logits=lambda d: _z(d, E, T)), V,
+     r"d_logits: expected shape \(T, E\)"),
+    ("grouped_gemm", "n and k swapped", lambda kw, d: kw.update(_gemm(d, n=16, k=8)), V,
+     r"segments\[0\]: operand b of 1 group\(s\) of 16 x 8 elements"),
+    ("grouped_gemm", "a bf16 D for an fp32 kind",
+     lambda kw, d: kw.update(_gemm(d, d=_lib.Operand(_b16(d, 4, 8), 0, 0, 8))), TE,
+     r"segments\[0\]: operand d of GEMM kind 0 is torch.float32, got torch.bfloat16"),
+    ("grouped_gemm", "D elsewhere", lambda kw, d: kw.update(_gemm(d, d=_lib.Operand(
+        _z("meta" if d == "cpu" else "cpu", 4, 8), 0, 0, 8))), V,
+     r"segments\[0\]: operand d must be a contiguous tensor"),
+    ("grouped_gemm", "ld shorter than a row",
+     lambda kw, d: kw.update(_gemm(d, a=_lib.Operand(_b16(d, 4, 16), 0, 0, 8))), V,
+     r"segments\[0\]: operand a has rows of 16 elements"),
+    ("grouped_gemm", "five segments", lambda kw, d: kw.update(segments=kw["segments"] * 5), V,
+     "segments: expected 1 to 4, got 5"),
+    ("grouped_gemm", "variant out of range", _set(variant=6), V, r"variant: expected an int in \[0, 6\)"),
+    ("ep_gather_rows", "div 0", _set(div=0), V, "div: expected at least 1"),
+    ("ep_scatter_rows", "row_pair shorter than rows", _set(row_pair=lambda d: _i32(d, R - 1)), V,
+     "row_pair: expected at least capacity"),
+    ("ep_concat", "out not W regions of 8 bytes", _set(out=lambda d: _z(d, 3, dtype=torch.int8)), V,
+     "out: expected W = 2 regions"),
+    ("ep_next_epoch", "two epochs", _set(epoch=lambda d: _i32(d, 2)), V, r"epoch: expected shape \(1,\)"),
+    ("ep_signal", "phase and rank swapped", _swap("phase", "rank"), V, "rank: expected 0 <= rank < W = 2"),
+    ("ep_wait", "a phase past the flags'", _set(phase=5), V, "phase: expected 0 <= phase < 5"),
+    ("ep_wait", "a negative timeout", _set(timeout_s=-1.0), V, "timeout_s: expected a value >= 0"),
+]
+DEVICES = ["cpu", pytest.param("cuda", marks=GPU)]
+
+
+@pytest.fixture()
+def no_kernel_lookup(monkeypatch, mok_binding, request):
+    """On the CPU, the kernels library's locator replaced by one that records being asked (and then fails): the
+    list of what asked. On a GPU, untouched (the right arguments launch)."""
+    asked = []
+    if getattr(request.node, "callspec", None) is None or request.node.callspec.params.get("dev", "cpu") == "cpu":
+        def locate():
+            asked.append("kernels_library")
+            raise AssertionError("the binding asked for the kernels library")
+        monkeypatch.setattr(_build, "kernels_library", locate)
+    return asked
+
+
+def test_every_function_has_good_arguments_and_a_bad_case(mok_binding):
+    """The tables above cover every function the binding exports."""
+    exported = {n for n in dir(mok_binding) if not n.startswith("_") and callable(getattr(mok_binding, n))
+                and n.islower() and n not in ("set_kernels_locator", "kernels_loaded", "load_kernels",
+                                              "check_segments", "ep_enable_peer_access")}
+    assert exported == set(GOOD) == {fn for fn, *_ in BAD}
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("fn, what, change, exc, match", BAD, ids=[f"{fn}: {what}" for fn, what, *_ in BAD])
+def test_a_bad_argument_is_named_before_any_kernel_lookup(no_kernel_lookup, dev, fn, what, change, exc, match):
+    kw = GOOD[fn](dev)
+    change(kw, dev)
+    with pytest.raises(exc, match="^" + match):
+        getattr(_lib, fn)(**kw)
+    assert no_kernel_lookup == []
+
+
+@pytest.mark.parametrize("fn", sorted(GOOD))
+def test_good_arguments_pass_every_check_then_ask_for_a_cuda_tensor(no_kernel_lookup, fn):
+    """On the CPU the right arguments get as far as the launch, which needs a CUDA device: so the bad cases above
+    fail for what they change, not for something else."""
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        getattr(_lib, fn)(**GOOD[fn]("cpu"))
+    assert no_kernel_lookup == []
+
+
+@pytest.mark.parametrize("dev", [pytest.param("cuda", marks=GPU)])
+@pytest.mark.parametrize("fn", sorted(set(GOOD) - EP))
+def test_good_arguments_launch_on_the_gpu(no_kernel_lookup, dev, fn):
+    getattr(_lib, fn)(**GOOD[fn](dev))
+    torch.cuda.synchronize()
+
+
+def test_peer_access_takes_cuda_devices(mok_binding):
+    with pytest.raises(ValueError, match="^device: expected a CUDA device with an index, got cpu"):
+        _lib.ep_enable_peer_access(torch.device("cpu"), torch.device("cuda", 0))
+    with pytest.raises(TypeError, match="device"):  # the signature's types, named
+        _lib.ep_enable_peer_access(0, 1)
+
+
+def test_operands_and_segments_are_typed(mok_binding):
+    """A non-tensor operand or a float size is refused when the segment is made, naming the argument's type."""
+    with pytest.raises(TypeError, match="tensor: torch.Tensor"):
+        _lib.Operand([0.0], 0, 0, 1)
+    op = _lib.Operand(torch.zeros(4, 8), 0, 8, 8, offset=0)
+    with pytest.raises(TypeError, match="rows: (typing.SupportsInt|int)"):
+        _lib.Segment.all_rows(4.0, 8, 8, op, op, op)
+    seg = _lib.Segment.expert_rows(torch.zeros(3, dtype=torch.int32), 2, 8, 8, op, op, op, aux=op)
+    assert (seg.num_groups, seg.rows_dim, seg.n, seg.k, seg.fixed_rows) == (2, 0, 8, 8, 0)
+    assert seg.a.tensor is op.tensor and seg.aux.ld == 8 and seg.b_up is None and seg.offsets.dtype == torch.int32
 
 
 # ---------------------------------------------------------------- Python-side rules
@@ -211,6 +346,12 @@ def _code(text: str) -> str:
     return "".join(out)
 
 
+def test_no_ctypes_in_the_fast_path():
+    """The kernels are reached through the typed binding only: no ctypes table, struct or load left in mok.fast."""
+    bad = [str(p.relative_to(ROOT)) for p in _python_files("mok/fast") if "ctypes" in _code(p.read_text())]
+    assert not bad, f"ctypes in {bad}"
+
+
 _PTR_ARITH = re.compile(r"data_ptr\(\)[-+]|[-+][\w.\[\]()]*\.data_ptr\(")
 
 
@@ -226,7 +367,7 @@ def test_pointer_arithmetic_pattern(snippet, hit):
 
 
 def test_no_pointer_arithmetic_in_python():
-    """Python passes base pointers and element offsets; addresses are computed by the kernels."""
+    """Python passes tensors and element offsets; addresses are computed by the kernels."""
     bad = [str(p.relative_to(ROOT)) for p in _python_files("mok") if _PTR_ARITH.search(_code(p.read_text()))]
     assert not bad, f"data_ptr() arithmetic in {bad}"
 
@@ -291,22 +432,16 @@ def test_allowed_private_imports_are_still_needed():
 def test_offsets_from_counts_lays_groups_end_to_end():
     """The offsets array Segment.expert_rows reads: first rows (an empty group's equal to the next one's, the last
     entry the total), then each group's rows; int32 on the device asked for."""
-    import torch
-
     got = _lib.offsets_from_counts(torch.tensor([3, 0, 5], dtype=torch.int64), torch.device("cpu"))
     assert got.dtype == torch.int32 and got.tolist() == [0, 3, 3, 8, 3, 0, 5], got
 
 
-def test_offsets_from_counts_reads_the_counts_at_each_call_and_workspace_sizes_stay_cached():
-    """offsets_from_counts is not cached (a tensor changed in place, or a new one at a freed one's address, would get
-    stale offsets), while _workspace_bytes, asked at every GEMM launch, is."""
-    import torch
-
+def test_offsets_from_counts_reads_the_counts_at_each_call():
+    """Not cached: a tensor changed in place, or a new one at a freed one's address, would get stale offsets."""
     counts = torch.tensor([1, 2], dtype=torch.int32)
     assert _lib.offsets_from_counts(counts, torch.device("cpu")).tolist() == [0, 1, 3, 1, 2]
     counts[0] = 4
     assert _lib.offsets_from_counts(counts, torch.device("cpu")).tolist() == [0, 4, 6, 4, 2]
-    assert hasattr(_lib._workspace_bytes, "cache_info"), "the launch path asks the library for sizes every time"
 
 
 @pytest.mark.parametrize("counts", [
@@ -315,7 +450,5 @@ def test_offsets_from_counts_reads_the_counts_at_each_call_and_workspace_sizes_s
     [2, -1],           # a negative row count
 ])
 def test_offsets_from_counts_refuses_bad_counts(counts):
-    import torch
-
     with pytest.raises(ValueError, match="counts_G"):
         _lib.offsets_from_counts(torch.tensor(counts), torch.device("cpu"))

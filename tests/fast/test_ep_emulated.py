@@ -16,6 +16,9 @@ from mok.testing.dist import launch
 from mok.testing.tolerance import GRAD_OF
 from mok.testing.runner import run_layer, shard_inputs, unshard_outputs
 
+# the emulated stages build their segments with the binding's Operand and Segment and check them with its checks
+pytestmark = pytest.mark.usefixtures("mok_binding")
+
 CFGS = {
     "shared": MoEConfig(T=16, H=16, I=8, E=4, K=2, S=8),     # shared expert, S/W not a multiple of 8: all of S per rank
     "sliced": MoEConfig(T=16, H=16, I=8, E=4, K=2, S=32),    # S/W = 16, 8: each rank computes its slice, pulls the rest
@@ -282,7 +285,7 @@ def _run_release(rank, world_size, group, inputs, W):
     keep = mok.fast.backward(ctx, local["dy"])
     y2, ctx2 = mok.fast.forward(*args, group=group)
     events, refs = [], []
-    scatter, combine, down_grads = _ep._lib_ep.ep_scatter_rows, _ep._lib.combine_bwd_dx, _backward.down_weight_grads
+    scatter, combine, down_grads = _ep._lib.ep_scatter_rows, _ep._lib.combine_bwd_dx, _backward.down_weight_grads
 
     def drop_event(name, t):
         refs.append(weakref.ref(t, lambda _: events.append(name)))
@@ -299,7 +302,7 @@ def _run_release(rank, world_size, group, inputs, W):
     def watch_down(*a, **k):
         events.append(f"down, x rows alive: {ctx2.x_RH.untyped_storage().nbytes() > 0}")
         return down_grads(*a, **k)
-    _ep._lib_ep.ep_scatter_rows, _ep._lib.combine_bwd_dx, _backward.down_weight_grads = \
+    _ep._lib.ep_scatter_rows, _ep._lib.combine_bwd_dx, _backward.down_weight_grads = \
         watch_scatter, watch_combine, watch_down
     rel = mok.fast.backward(ctx2, local["dy"], release_saved=True)
     x_rows_after = ctx2.x_RH.untyped_storage().nbytes()

@@ -39,7 +39,7 @@ def test_missing_cutlass_is_a_clear_error(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_no_gpu_is_a_clear_error():
     with pytest.raises(_build.FastPathUnavailable, match="GPU"):
-        _build.library()
+        _build.kernels_library()
 
 
 def _router_args(T=4, H=16, E=6):

@@ -10,7 +10,6 @@ import torch
 
 from mok.fast import _lib
 from mok.fast._checks import gate_up_halves, stacked_gate_up
-from mok.fast._lib import Operand, Segment
 from mok.testing.cases import two_gate_up_tensors
 from mok.nn import ops
 
@@ -146,18 +145,19 @@ def _fused_segment(b_up, kind=_lib.GEMM_TN_SWIGLU_FWD):
     x, w = torch.zeros(4, H, dtype=torch.bfloat16), torch.zeros(2 * I, H, dtype=torch.bfloat16)
     d, a = torch.zeros(4, 2 * I), torch.zeros(4, I, dtype=torch.bfloat16)
     fused = kind == _lib.GEMM_TN_SWIGLU_FWD
-    return Segment.all_rows(4, 2 * I, H, Operand(x, 0, 0, H), Operand(w, 0, 0, H), Operand(d, 0, 0, 2 * I),
-                            aux=Operand(a, 0, 0, I) if fused else None, b_up=b_up(w))
+    return _lib.Segment.all_rows(4, 2 * I, H, _lib.Operand(x, 0, 0, H), _lib.Operand(w, 0, 0, H),
+                                 _lib.Operand(d, 0, 0, 2 * I), aux=_lib.Operand(a, 0, 0, I) if fused else None,
+                                 b_up=b_up(w))
 
 
 @pytest.mark.parametrize("b_up, kind, match", [
-    (lambda w: Operand(w, 0, 0, H, offset=I * H), _lib.GEMM_TN_F32, "only for GEMM kind"),  # no up rows elsewhere
-    (lambda w: Operand(w, 0, 0, H + 8, offset=I * H), _lib.GEMM_TN_SWIGLU_FWD, "ld"),       # another row stride
-    (lambda w: Operand(w, 1, 0, H, offset=I * H), _lib.GEMM_TN_SWIGLU_FWD, "expert_stride"),
-    (lambda w: Operand(w, 0, 0, H, offset=4), _lib.GEMM_TN_SWIGLU_FWD, "16 bytes"),          # 8 bytes apart
-    (lambda w: Operand(w, 0, 0, H), _lib.GEMM_TN_SWIGLU_FWD, "nonzero"),                     # the gate rows again
+    (lambda w: _lib.Operand(w, 0, 0, H, offset=I * H), _lib.GEMM_TN_F32, "only for GEMM kind"),  # no up rows elsewhere
+    (lambda w: _lib.Operand(w, 0, 0, H + 8, offset=I * H), _lib.GEMM_TN_SWIGLU_FWD, "ld"),       # another row stride
+    (lambda w: _lib.Operand(w, 1, 0, H, offset=I * H), _lib.GEMM_TN_SWIGLU_FWD, "expert_stride"),
+    (lambda w: _lib.Operand(w, 0, 0, H, offset=4), _lib.GEMM_TN_SWIGLU_FWD, "16 bytes"),          # 8 bytes apart
+    (lambda w: _lib.Operand(w, 0, 0, H), _lib.GEMM_TN_SWIGLU_FWD, "nonzero"),                     # the gate rows again
 ])
-def test_the_binding_refuses_b_up_the_kernel_cannot_read(b_up, kind, match):
+def test_the_binding_refuses_b_up_the_kernel_cannot_read(mok_binding, b_up, kind, match):
     with pytest.raises(ValueError, match=match):
         _lib.check_segments(kind, [_fused_segment(b_up, kind)], torch.device("cpu"), 0)
 

@@ -13,6 +13,9 @@ from mok.testing.bits import assert_bitwise_equal
 from mok.testing.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs
 from mok.testing.dist import launch
 
+# the emulated stages build their segments with the binding's Operand and Segment and check them with its checks
+pytestmark = pytest.mark.usefixtures("mok_binding")
+
 CFG = MoEConfig(T=24, H=16, I=24, E=4, K=2, S=8)  # a shared expert, so its [p | q] and a_s are released too
 
 

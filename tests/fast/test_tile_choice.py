@@ -51,12 +51,15 @@ def test_choice_takes_no_token_count_and_is_a_valid_variant(monkeypatch):
             assert 0 <= _tiles.variant(kind, H, I) < _lib.NUM_GEMM_VARIANTS
 
 
-@pytest.mark.parametrize("variant", [-1, 6, 1.0, None])  # out of range, or not an int
-def test_grouped_gemm_rejects_a_bad_variant_before_any_launch(variant):
+@pytest.mark.parametrize("variant, exc", [
+    (-1, ValueError), (6, ValueError),    # out of range: the binding's check names it
+    (1.0, TypeError), (None, TypeError),  # not an int: the binding's signature refuses it, naming it
+])
+def test_grouped_gemm_rejects_a_bad_variant_before_any_launch(mok_binding, variant, exc):
     import torch
 
-    with pytest.raises(ValueError, match="variant"):
-        _lib.grouped_gemm(_lib.GEMM_TN_F32, [object()], torch.device("cpu"), variant)
+    with pytest.raises(exc, match="variant"):
+        _lib.grouped_gemm(_lib.GEMM_TN_F32, [_segment(False)], torch.device("cpu"), variant)
 
 
 def _segment(aux: bool):
@@ -71,7 +74,7 @@ def _segment(aux: bool):
     (_lib.GEMM_NN_SWIGLU_BWD, False),  # the fused SwiGLU backward needs its [g | u] input
     (_lib.GEMM_NN_F32, True),          # a plain GEMM reads no aux operand: refusing it beats ignoring it
 ])
-def test_grouped_gemm_checks_the_aux_operand_before_any_launch(kind, aux):
+def test_grouped_gemm_checks_the_aux_operand_before_any_launch(mok_binding, kind, aux):
     import torch
 
     with pytest.raises(ValueError, match="operand aux"):
@@ -261,7 +264,7 @@ def test_weight_gradient_tile_covers_the_fewest_elements(monkeypatch, M, N, want
     assert _tiles.wgrad_variant(_lib.GEMM_TT_BF16, [(M, N, 1)]) == _tiles.COOPERATIVE
 
 
-def test_weight_gradient_launch_chooses_over_all_its_outputs(monkeypatch):
+def test_weight_gradient_launch_chooses_over_all_its_outputs(mok_binding, monkeypatch):
     """`_tiles.grouped_gemm` of a weight-gradient kind takes `wgrad_variant` over every segment's outputs (groups
     weighted), so the layer's launches and the expert-parallel shared-expert launch (down and gate/up segments in one)
     go through one rule."""

@@ -9,7 +9,6 @@ import torch
 
 import mok.fast as fast
 from mok.fast import _backward, _lib
-from mok.fast._lib import Operand, Segment
 from mok.testing.bits import assert_bitwise_equal
 from mok.testing.cases import LAYER_ARGS, MoEConfig, make_inputs, two_gate_up_tensors
 
@@ -57,10 +56,7 @@ def test_two_tensors_give_the_concatenations_bits_in_every_variant(monkeypatch, 
 
 def _launch(seg, variant=0):
     """The C entry point itself (the binding's checks are bypassed on purpose)."""
-    arr = (_lib.MokSegment * 1)(seg.c())
-    kind = _lib.GEMM_NN_BF16
-    ws = torch.empty(_lib._workspace_bytes(kind, variant, 1, 0), dtype=torch.uint8, device="cuda")
-    _lib._call("mok_grouped_gemm", torch.device("cuda", 0), kind, variant, arr, 1, _lib._p(ws), ws.numel(), 0)
+    _lib._grouped_gemm_unchecked(_lib.GEMM_NN_BF16, [seg], torch.device("cuda", 0), variant)
 
 
 @pytest.mark.parametrize("k, up, match", [
@@ -72,9 +68,10 @@ def test_the_library_refuses_halves_it_cannot_read(k, up, match):
     a = torch.zeros(128, k, dtype=torch.bfloat16, device="cuda")
     w = torch.zeros(k, 128, dtype=torch.bfloat16, device="cuda")
     out = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
-    b_up = {"apart": Operand(w, 0, 0, 128, offset=k // 2 * 128), "ld": Operand(w, 0, 0, 136, offset=k // 2 * 128),
-            "odd": Operand(w, 0, 0, 128, offset=4)}[up]
-    seg = Segment.all_rows(128, 128, k, Operand(a, 0, 0, k), Operand(w, 0, 0, 128), Operand(out, 0, 0, 128),
-                           b_up=b_up)
+    b_up = {"apart": _lib.Operand(w, 0, 0, 128, offset=k // 2 * 128),
+            "ld": _lib.Operand(w, 0, 0, 136, offset=k // 2 * 128),
+            "odd": _lib.Operand(w, 0, 0, 128, offset=4)}[up]
+    seg = _lib.Segment.all_rows(128, 128, k, _lib.Operand(a, 0, 0, k), _lib.Operand(w, 0, 0, 128),
+                                _lib.Operand(out, 0, 0, 128), b_up=b_up)
     with pytest.raises(RuntimeError, match=match):
         _launch(seg)

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from mok.fast import _lib_ep
+from mok.fast import _lib
 from mok.testing.bits import assert_bitwise_equal
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
@@ -58,7 +58,7 @@ def test_gather_rows_from_w_regions_is_the_ref(W, T, K, H, div_by_k):
     row_pair, offsets = row_pair.cuda(), torch.tensor([0, placed // 2, placed, 0, 0], dtype=torch.int32).cuda()
     out = torch.full((capacity, H), 7.0, dtype=torch.bfloat16, device="cuda")
     want = gather_ref(regions, per_rank, div, row_pair, placed, out)
-    _lib_ep.ep_gather_rows(_table(regions), per_rank, div, row_pair, offsets, 2, out)
+    _lib.ep_gather_rows(_table(regions), per_rank, div, row_pair, offsets, 2, out)
     torch.cuda.synchronize()
     assert_bitwise_equal(out, want, "gathered rows")
 
@@ -78,7 +78,7 @@ def test_scatter_rows_into_w_regions_is_the_ref(W, T, K, H):
     big = torch.full((W * per_rank, H), -2.0, dtype=torch.bfloat16, device="cuda")
     want = big.clone()
     want[row_pair[:placed].long()] = rows[:placed]
-    _lib_ep.ep_scatter_rows(rows, row_pair, offsets, 2, per_rank, _table(big.split(per_rank)))
+    _lib.ep_scatter_rows(rows, row_pair, offsets, 2, per_rank, _table(big.split(per_rank)))
     torch.cuda.synchronize()
     assert_bitwise_equal(big, want, "scattered regions")
 
@@ -92,7 +92,7 @@ def test_concat_of_w_regions_is_torch_cat(W, shape, dtype):
     g = torch.Generator().manual_seed(W)
     parts = [(torch.randn(*shape, generator=g) * 100).to(dtype).cuda() for _ in range(W)]
     out = torch.empty((W * shape[0], *shape[1:]), dtype=dtype, device="cuda")
-    _lib_ep.ep_concat(_table(parts), out)
+    _lib.ep_concat(_table(parts), out)
     torch.cuda.synchronize()
     assert_bitwise_equal(out, torch.cat(parts), "concatenated regions")  # raw bits: -0 is not +0
 
@@ -103,11 +103,11 @@ def test_signal_then_wait_passes_for_every_simulated_rank():
     flags = [torch.zeros(phases, W, dtype=torch.int32, device="cuda") for _ in range(W)]
     epoch = torch.zeros(1, dtype=torch.int32, device="cuda")
     for step in range(1, 4):
-        _lib_ep.ep_next_epoch(epoch)
+        _lib.ep_next_epoch(epoch)
         for rank in range(W):
-            _lib_ep.ep_signal(_table(flags), 2, rank, epoch)
+            _lib.ep_signal(_table(flags), 2, rank, epoch)
         for rank in range(W):
-            _lib_ep.ep_wait(flags[rank], 2, rank, epoch, timeout_s=5.0)
+            _lib.ep_wait(flags[rank], 2, rank, epoch, timeout_s=5.0)
         torch.cuda.synchronize()
         assert int(epoch) == step
         for f in flags:
@@ -117,12 +117,12 @@ def test_signal_then_wait_passes_for_every_simulated_rank():
 def test_a_wait_nobody_signals_traps_after_its_timeout():
     code = textwrap.dedent("""
         import time, torch
-        from mok.fast import _lib_ep
+        from mok.fast import _lib
         flags = torch.zeros(4, 2, dtype=torch.int32, device="cuda")
         epoch = torch.zeros(1, dtype=torch.int32, device="cuda")
-        _lib_ep.ep_next_epoch(epoch)
+        _lib.ep_next_epoch(epoch)
         t0 = time.monotonic()
-        _lib_ep.ep_wait(flags, 1, 0, epoch, timeout_s=1.0)
+        _lib.ep_wait(flags, 1, 0, epoch, timeout_s=1.0)
         try:
             torch.cuda.synchronize()
         except RuntimeError as e:

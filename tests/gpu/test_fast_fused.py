@@ -11,7 +11,6 @@ import torch
 
 import mok.fast as fast
 from mok.fast import _backward, _lib, _tiles
-from mok.fast._lib import Operand, Segment
 from mok.testing.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
 from mok.testing.cases import LAYER_ARGS, MoEConfig, make_inputs
 from mok.testing.runner import run_layer
@@ -80,18 +79,16 @@ def test_fused_parts_run_alone():
     assert_bitwise_equal(dgu_s, want_dgu_s, "shared part alone")
 
 
-def _launch_directly(seg: Segment, variant: int) -> None:
+def _launch_directly(seg, variant: int) -> None:
     """One GEMM_NN_SWIGLU_BWD launch of `seg` through the C entry point, bypassing the binding's own checks."""
-    arr = (_lib.MokSegment * 1)(seg.c())
-    ws = torch.empty(_lib._workspace_bytes(_lib.GEMM_NN_SWIGLU_BWD, variant, 1, 0), dtype=torch.uint8, device="cuda")
-    _lib._call("mok_grouped_gemm", torch.device("cuda"), _lib.GEMM_NN_SWIGLU_BWD, variant, arr, 1, _lib._p(ws),
-               ws.numel(), 0)
+    _lib._grouped_gemm_unchecked(_lib.GEMM_NN_SWIGLU_BWD, [seg], torch.device("cuda"), variant)
 
 
 def test_the_library_refuses_a_fused_launch_without_its_input():
     """The C side checks operand aux too (the binding's check is bypassed here on purpose)."""
     x = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
-    seg = Segment.all_rows(128, 64, 128, Operand(x, 0, 0, 128), Operand(x, 0, 0, 64), Operand(x, 0, 0, 128))
+    seg = _lib.Segment.all_rows(128, 64, 128, _lib.Operand(x, 0, 0, 128), _lib.Operand(x, 0, 0, 64),
+                                _lib.Operand(x, 0, 0, 128))
     with pytest.raises(RuntimeError, match="operand aux"):
         _launch_directly(seg, 0)
 
@@ -120,7 +117,8 @@ def test_the_library_refuses_p_q_rows_not_16_byte_aligned(what):
     n = 60 if what == "n" else 64
     d = torch.zeros(128, 2 * n, dtype=torch.bfloat16, device="cuda")
     pq = torch.zeros(128, 2 * n + 4, dtype=torch.float32, device="cuda")
-    aux = Operand(pq, 0, 0, 2 * n + (2 if what == "ld" else 4), offset=1 if what == "offset" else 0)
-    seg = Segment.all_rows(128, n, 128, Operand(a, 0, 0, 128), Operand(b, 0, 0, n), Operand(d, 0, 0, 2 * n), aux=aux)
+    aux = _lib.Operand(pq, 0, 0, 2 * n + (2 if what == "ld" else 4), offset=1 if what == "offset" else 0)
+    seg = _lib.Segment.all_rows(128, n, 128, _lib.Operand(a, 0, 0, 128), _lib.Operand(b, 0, 0, n),
+                                _lib.Operand(d, 0, 0, 2 * n), aux=aux)
     with pytest.raises(RuntimeError, match="16-byte"):
         _launch_directly(seg, _tiles.PINGPONG)

@@ -12,7 +12,6 @@ import torch
 
 import mok.fast as fast
 from mok.fast import _backward, _checks, _forward, _lib, _tiles
-from mok.fast._lib import Operand, Segment
 from mok.testing.bits import assert_bitwise_equal, assert_outputs_bitwise_equal
 from mok.testing.cases import MoEConfig, make_inputs, two_gate_up_tensors, with_stacked_gate_up
 from mok.testing.runner import run_layer
@@ -147,9 +146,7 @@ def test_the_switch_keeps_every_output_of_the_layer(monkeypatch, cfg):
 
 def _launch(kind, seg, variant=0):
     """The C entry point itself (the binding's checks are bypassed on purpose)."""
-    arr = (_lib.MokSegment * 1)(seg.c())
-    ws = torch.empty(_lib._workspace_bytes(kind, variant, 1, 0), dtype=torch.uint8, device="cuda")
-    _lib._call("mok_grouped_gemm", torch.device("cuda", 0), kind, variant, arr, 1, _lib._p(ws), ws.numel(), 0)
+    _lib._grouped_gemm_unchecked(kind, [seg], torch.device("cuda", 0), variant)
 
 
 @pytest.mark.parametrize("n, aux, up, match", [
@@ -164,10 +161,11 @@ def test_the_library_refuses_what_the_fused_kernel_cannot_do(n, aux, up, match):
     w = torch.zeros(n, 128, dtype=torch.bfloat16, device="cuda")
     gu = torch.zeros(128, n, dtype=torch.float32, device="cuda")
     a = torch.zeros(128, n // 2, dtype=torch.bfloat16, device="cuda")
-    b_up = {None: None, "ld": Operand(w, 0, 0, 136, offset=n // 2 * 128), "odd": Operand(w, 0, 0, 128, offset=4),
-            "same": Operand(w, 0, 0, 128)}[up]
-    seg = Segment.all_rows(128, n, 128, Operand(x, 0, 0, 128), Operand(w, 0, 0, 128), Operand(gu, 0, 0, n),
-                           aux=Operand(a, 0, 0, n // 2) if aux else None, b_up=b_up)
+    b_up = {None: None, "ld": _lib.Operand(w, 0, 0, 136, offset=n // 2 * 128),
+            "odd": _lib.Operand(w, 0, 0, 128, offset=4), "same": _lib.Operand(w, 0, 0, 128)}[up]
+    seg = _lib.Segment.all_rows(128, n, 128, _lib.Operand(x, 0, 0, 128), _lib.Operand(w, 0, 0, 128),
+                                _lib.Operand(gu, 0, 0, n), aux=_lib.Operand(a, 0, 0, n // 2) if aux else None,
+                                b_up=b_up)
     with pytest.raises(RuntimeError, match=match):
         _launch(_lib.GEMM_TN_SWIGLU_FWD, seg, variant=0)
 
@@ -176,8 +174,8 @@ def test_the_library_refuses_b_up_for_another_kind():
     x = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
     w = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     out = torch.zeros(128, 128, dtype=torch.float32, device="cuda")
-    seg = Segment.all_rows(128, 128, 128, Operand(x, 0, 0, 128), Operand(w, 0, 0, 128), Operand(out, 0, 0, 128),
-                           b_up=Operand(w, 0, 0, 128, offset=128 * 128))
+    seg = _lib.Segment.all_rows(128, 128, 128, _lib.Operand(x, 0, 0, 128), _lib.Operand(w, 0, 0, 128),
+                                _lib.Operand(out, 0, 0, 128), b_up=_lib.Operand(w, 0, 0, 128, offset=128 * 128))
     with pytest.raises(RuntimeError, match="b_up is set"):
         _launch(_lib.GEMM_TN_F32, seg, variant=0)
 
@@ -194,8 +192,8 @@ def test_a_last_tile_past_i_stores_nothing_past_it(variant):
     w = torch.randn(2 * I, K, generator=gen, device="cuda").to(torch.bfloat16)
     pq = torch.full((M, 2 * I + pad), float("nan"), device="cuda")
     a = torch.full((M, I + pad), float("nan"), device="cuda").to(torch.bfloat16)
-    seg = Segment.all_rows(M, 2 * I, K, Operand(x, 0, 0, K), Operand(w, 0, 0, K), Operand(pq, 0, 0, 2 * I + pad),
-                           aux=Operand(a, 0, 0, I + pad))
+    seg = _lib.Segment.all_rows(M, 2 * I, K, _lib.Operand(x, 0, 0, K), _lib.Operand(w, 0, 0, K),
+                                _lib.Operand(pq, 0, 0, 2 * I + pad), aux=_lib.Operand(a, 0, 0, I + pad))
     _launch(_lib.GEMM_TN_SWIGLU_FWD, seg, variant)
     torch.cuda.synchronize()
     assert pq[:, 2 * I:].isnan().all(), "a store landed past column 2I of [p | q]"
