@@ -94,8 +94,9 @@ def test_block_quantiser_and_its_transpose_give_the_reference_bits(L, N, K):
 
 
 def test_fp8_grouped_gemm_is_the_dequantised_product():
-    """Ragged groups (one empty) of A · B_eᵀ on quantised operands: within fp32 rounding of the exact product of the
-    dequantised operands (the GEMM scales each K block's sum by sfa * sfb, powers of two)."""
+    """Ragged groups (one empty) of A · B_eᵀ on quantised operands: close to the exact product of the dequantised
+    operands (the GEMM scales each K block's sum by sfa * sfb, powers of two; the tensor cores' FP8 sums within a
+    block are not exact fp32 ones, hence 1e-3 of the largest output, far below a misread scale or layout)."""
     counts = torch.tensor([130, 0, 7, 300])
     E, n, k = 4, 264, 384
     R = int(counts.sum())
@@ -114,7 +115,7 @@ def test_fp8_grouped_gemm_is_the_dequantised_product():
         rows = slice(starts[e], starts[e + 1])
         want = ad[rows] @ bd[e].t()
         err = (d[rows].double().cpu() - want).abs().max().item() if want.numel() else 0.0
-        assert err <= 1e-5 * max(1.0, want.abs().max().item()), f"expert {e}: max error {err}"
+        assert err <= 1e-3 * max(1.0, want.abs().max().item()), f"expert {e}: max error {err}"
 
 
 CONFIGS = [
