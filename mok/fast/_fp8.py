@@ -90,7 +90,13 @@ class Fp8Weights:
     shared: Fp8Expert | None
 
 
-_cache: dict[int, tuple] = {}  # id(routed_gate) -> (weakrefs, versions, Fp8Weights)
+_cache: dict[int, tuple] = {}  # id of routed_gate's root -> (weakrefs to the roots, key, Fp8Weights)
+
+
+def _root(w: torch.Tensor) -> torch.Tensor:
+    """The tensor `w` views (itself when it is no view): mok.nn hands over new views of its [gate; up] parameters
+    at every call, which share their root's storage and version counter."""
+    return w if w._base is None else w._base
 
 
 def _key(weights):
@@ -100,21 +106,22 @@ def _key(weights):
 
 def fp8_weights(rg, ru, rd, sg, su, sd) -> Fp8Weights:
     """The quantised weights of a layer (routed gate, up [L, I, H], down [L, H, I]; shared gate, up [S, H], down
-    [H, S] bf16 or None), made on the current stream when these tensors or their version counters changed since the
-    last call with them (an optimizer step updates the weights in place: one quantisation per step), else the
-    cached ones (no work, nothing launched)."""
+    [H, S] bf16 or None), made on the current stream when these tensors (or the tensors they view), their places or
+    their version counters changed since the last call with them (an optimizer step updates the weights in place:
+    one quantisation per step), else the cached ones (no work, nothing launched)."""
     weights = (rg, ru, rd, sg, su, sd)
+    roots = tuple(None if w is None else _root(w) for w in weights)
     key = _key(weights)
-    hit = _cache.get(id(rg))
+    hit = _cache.get(id(roots[0]))
     if hit is not None:
         refs, old_key, value = hit
         if old_key == key and all((r is None and w is None) or (r is not None and r() is w)
-                                  for r, w in zip(refs, weights)):
+                                  for r, w in zip(refs, roots)):
             return value
     value = Fp8Weights(quant_expert(rg, ru, rd), quant_expert(sg, su, sd) if sg is not None else None)
-    if len(_cache) >= _CACHE_SIZE:
+    if len(_cache) >= _CACHE_SIZE and id(roots[0]) not in _cache:
         _cache.pop(next(iter(_cache)))
-    _cache[id(rg)] = (tuple(None if w is None else weakref.ref(w) for w in weights), key, value)
+    _cache[id(roots[0])] = (tuple(None if w is None else weakref.ref(w) for w in roots), key, value)
     return value
 
 
