@@ -119,10 +119,19 @@ def fp8_weights(rg, ru, rd, sg, su, sd) -> Fp8Weights:
                                   for r, w in zip(refs, roots)):
             return value
     value = Fp8Weights(quant_expert(rg, ru, rd), quant_expert(sg, su, sd) if sg is not None else None)
-    if len(_cache) >= _CACHE_SIZE and id(roots[0]) not in _cache:
+    slot = id(roots[0])
+    if len(_cache) >= _CACHE_SIZE and slot not in _cache:
         _cache.pop(next(iter(_cache)))
-    _cache[id(roots[0])] = (tuple(None if w is None else weakref.ref(w) for w in roots), key, value)
+    refs = tuple(None if w is None else weakref.ref(w, lambda r, slot=slot: _drop(slot, r)) for w in roots)
+    _cache[slot] = (refs, key, value)
     return value
+
+
+def _drop(slot: int, dead: weakref.ref) -> None:
+    """Forget the quantisation made from a weight that no longer exists (its memory with it)."""
+    entry = _cache.get(slot)
+    if entry is not None and any(r is dead for r in entry[0]):
+        del _cache[slot]
 
 
 def clear_cache() -> None:
