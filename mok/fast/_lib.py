@@ -28,6 +28,7 @@ GEMM_KINDS = {"MOK_GEMM_TN_F32": GEMM_TN_F32, "MOK_GEMM_TN_BF16": GEMM_TN_BF16, 
               "MOK_GEMM_NN_SWIGLU_BWD": GEMM_NN_SWIGLU_BWD, "MOK_GEMM_TN_SWIGLU_FWD": GEMM_TN_SWIGLU_FWD,
               "MOK_GEMM_TT_F32_SMALL": GEMM_TT_F32_SMALL, "MOK_GEMM_FP8_TN_F32": GEMM_FP8_TN_F32,
               "MOK_GEMM_FP8_TN_BF16": GEMM_FP8_TN_BF16}
+GEMM_FP8_KINDS = (GEMM_FP8_TN_F32, GEMM_FP8_TN_BF16)  # the last kinds; one tile each, whatever the variant
 MAX_SEGMENTS = 4
 ROUTER_MAX_E = 8192
 NUM_GEMM_VARIANTS = 6  # tile variants of every kind (csrc/grouped_gemm.cuh; chosen in _tiles.py)
