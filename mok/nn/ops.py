@@ -168,7 +168,9 @@ def _(dy, x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_
 
 
 def _moe_setup(ctx, inputs, output):
-    *tensors, group_name, backend, recompute, precision = inputs
+    # the op's 12 arguments, and precision when the caller passed it (the op's default: "bf16")
+    *tensors, group_name, backend, recompute = inputs[:12]
+    precision = inputs[12] if len(inputs) > 12 else "bf16"
     x, idx, w = tensors[:3]
     weights = tensors[3:]
     plan = _layer_plan([x, *weights])
@@ -181,7 +183,9 @@ def _moe_setup(ctx, inputs, output):
     x16, *w16 = _with_casts([x, *weights], plan, casts)
     ctx.save_for_backward(x16, idx, w, *[t if t is not None else x16.new_empty(0) for t in w16], *saved)
     ctx.args = (group_name, backend, recompute)
-    ctx.precision = precision
+    # backward returns one entry per argument the op was called with: the dispatcher drops an argument equal to
+    # its default (torch.library), so the default precision counts as absent; `_precision_arg` does the same
+    ctx.precision, ctx.n_inputs = precision, 12 if precision == "bf16" else 13
 
 
 def _release_saved() -> bool:
@@ -195,7 +199,7 @@ def _release_saved() -> bool:
 def _moe_backward(ctx, grads, bwd=None):
     dy = grads[0]  # the casts and the saved context get no gradient
     if dy is None:
-        return (None,) * 13
+        return (None,) * ctx.n_inputs
     x, idx, w, sg, su, sd, rg, ru, rd, *saved = ctx.saved_tensors
     stacked_shared, stacked_routed = ctx.stacked
     if not ctx.has_shared:
@@ -215,12 +219,17 @@ def _moe_backward(ctx, grads, bwd=None):
         return None if dt[i] is None else g.to(dt[i])
 
     return (d_x.to(dt[0]), None, d_w, cast(3, d_sg), cast(4, d_su), cast(5, d_sd), cast(6, d_rg), cast(7, d_ru),
-            cast(8, d_rd), None, None, None, None)
+            cast(8, d_rd), *(None,) * (ctx.n_inputs - 9))
 
 
 moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
 _Layer = eager_function("_Layer", _moe_fwd, _moe_setup, lambda ctx, *g, bwd: _moe_backward(ctx, g, bwd),
                         _moe_bwd_body)
+
+
+def _precision_arg(precision: str) -> tuple:
+    """moe_fwd's precision argument as passed: none for the default "bf16" (what the dispatcher does too)."""
+    return () if precision == "bf16" else (precision,)
 
 
 def _check_layer_options(backend, recompute) -> None:
@@ -267,7 +276,8 @@ def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_
         x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS, routed_gate_LIH,
         routed_up_LIH, routed_down_LHI))), optional=_W_NAMES[:3])
     out = apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
-                 routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute, precision)
+                 routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute,
+                 *_precision_arg(precision))
     return out[0]
 
 
@@ -305,5 +315,6 @@ def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_do
                           ("routed_gate_up_L2IH", routed_gate_up_L2IH), ("routed_down", routed_down_LHI)],
                          optional=("shared_gate_up_2SH", "shared_down"))
     out = apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, None, shared_down_HS,
-                 routed_gate_up_L2IH, None, routed_down_LHI, group_name(group), backend, recompute, precision)
+                 routed_gate_up_L2IH, None, routed_down_LHI, group_name(group), backend, recompute,
+                 *_precision_arg(precision))
     return out[0]
