@@ -1,12 +1,15 @@
 """What a user training through the module pays: a training step of mok.MoE against a plain PyTorch MoE module.
 
     python benchmarks/bench_module.py [--suite] [--configs a,b] [--record]
+    python benchmarks/bench_module.py --precisions bf16,fp8 [--suite] [--configs a,b]   # the recipes compared
 
 For each config, one forward+backward of:
   mok.MoE(backend="fast")  router + both router losses + layer, bf16 and fp32 (master) parameters;
   mok.fast layer           `mok.fast.forward` + `backward` on the same routing (the floor);
   plain module             a plain PyTorch MoE: F.linear router, softmax top-k (renormalised), the
                            grouped_mm path, a Switch load-balancing loss; bf16 parameters, autograd.
+With --precisions: mok.MoE (bf16 parameters, fast backend) alone, forward (autograd on, as in training) and a
+training step, once per recipe (precision="bf16" / "fp8"), queued timing.
 Medians of CUDA-event timings in both modes of `bench_moe.timed`: "stream" (reps back to back, one
 host sync at the end: a training loop) and "sync" (host waits after each rep: an isolated call, CPU
 launch time included). module / layer is the cost of everything around the layer. Peak GiB (bf16 parameters):
@@ -151,6 +154,36 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
     return rows
 
 
+def run_precisions(configs, precisions: list[str], warmup: int, reps: int) -> None:
+    """mok.MoE forward and forward+backward per recipe (module docstring); prints one line per config and recipe
+    and a table."""
+    rows = []
+    for c in configs:
+        T, H, I, E, K, S = (c[k] for k in "THIEKS")
+        flops = 6 * H * (T * K * I + T * S)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        x = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
+        dy = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16)
+        for prec in precisions:
+            torch.manual_seed(0)
+            m = mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=torch.bfloat16, device="cuda",
+                        precision=prec)
+            assert m.backend_in_use == "fast", m.backend_reason
+            t_f = timed(lambda m=m: m(x), warmup, reps, "stream")
+            t_fb = timed(lambda m=m: _module_step(m, x, dy), warmup, reps, "stream")
+            rows.append((c["name"], prec, t_f, t_fb, flops / t_f / 1e9, 3 * flops / t_fb / 1e9))
+            print(f"  {c['name']:16s} {prec:5s} fwd {t_f:8.2f} ms  fwd+bwd {t_fb:8.2f} ms", flush=True)
+            del m
+            torch.cuda.empty_cache()
+    print()
+    print("| config | precision | mok.MoE fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | fwd+bwd time vs bf16 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, prec, t_f, t_fb, tf_f, tf_fb in rows:
+        base = next((r for r in rows if r[0] == name and r[1] == "bf16"), None)
+        ratio = f"{t_fb / base[3]:.2f}" if base else "-"
+        print(f"| {name} | {prec} | {t_f:.2f} | {t_fb:.2f} | {tf_f:.0f} | {tf_fb:.0f} | {ratio} |")
+
+
 def result_rows(rows: list[dict], configs: list[dict], header: dict, peak: float) -> list[dict]:
     """The results file's rows of `run`'s output: mok.MoE (bf16 parameters) and the plain module, queued timing."""
     out = []
@@ -169,6 +202,8 @@ def main() -> None:
     ap.add_argument("--configs", default="", help="comma-separated shape names (default: every shape of the file)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before each timing")
     ap.add_argument("--reps", type=int, default=10, help="timed steps; the median is reported")
+    ap.add_argument("--precisions", default="", help="comma-separated recipes (bf16, fp8): time mok.MoE in each "
+                    "instead of the comparison with the plain module")
     results.add_record_args(ap)
     a = ap.parse_args()
     files = (SUITE if a.suite else CONFIGS,)
@@ -176,6 +211,13 @@ def main() -> None:
         configs = named_configs(a.configs, files) if a.configs else load_configs(files[0])
     except ValueError as e:
         ap.error(f"--{e}")
+    if a.precisions:
+        precisions = a.precisions.split(",")
+        bad = [p for p in precisions if p not in ("bf16", "fp8")]
+        if bad:
+            ap.error(f"--precisions: unknown {bad}; expected bf16, fp8")
+        run_precisions(configs, precisions, a.warmup, a.reps)
+        return
     header = results.run_header()
     peak = bf16_peak_tflops()
     print(f"device {header['gpu']}, torch {header['torch']}, commit {header['commit']}, {header['run']}; "

@@ -14,6 +14,11 @@
   are one [E, 2I, H] tensor with gate row i at 2i and up row i at 2i + 1 (its default layout), copied once. It has no
   shared expert.
 
+- `scaled_grouped_mm_fp8` (forward only, no autograd): the grouped_mm path on FP8 operands through
+  `torch._scaled_grouped_mm`, rowwise scales (one per row of the activations, one per output column of each expert's
+  weight: PyTorch's FP8 grouped GEMM recipe, coarser than mok's 1x128 / 128x128 blocks); the weights quantised in
+  each call (as a layer without a cache would), the routed experts alone.
+
 The grouped_mm path and the naive loop add a shared expert (S > 0) first, as three plain matmuls.
 """
 from __future__ import annotations
@@ -52,6 +57,35 @@ def grouped_mm_path(x, topk_idx, topk_weight, sg, su, sd, rg, ru, rd):
         acc = acc + s.float()
     acc = acc.index_add(0, tok, contrib)
     return acc.to(torch.bfloat16)
+
+
+def _rowwise_fp8(t):
+    """(e4m3 t, fp32 scale per row of the last dimension's rows) with amax / scale = 448."""
+    scale = t.abs().amax(-1, keepdim=True).float().clamp_min(1e-12) / 448.0
+    return (t.float() / scale).to(torch.float8_e4m3fn), scale.squeeze(-1)
+
+
+def _scaled_gmm(a, w_ENK, offs):
+    """torch._scaled_grouped_mm of bf16 a [M, K] and w [E, N, K] (each quantised rowwise) -> bf16 [M, N]."""
+    aq, sa = _rowwise_fp8(a)
+    wq, sw = _rowwise_fp8(w_ENK)
+    return torch._scaled_grouped_mm(aq, wq.transpose(1, 2), sa, sw, offs=offs, out_dtype=torch.bfloat16)
+
+
+@torch.no_grad()
+def scaled_grouped_mm_fp8(x, topk_idx, topk_weight, sg, su, sd, rg, ru, rd):
+    """y [T,H] bf16 of the routed experts on FP8 operands (module docstring); no autograd."""
+    T, H = x.shape
+    E, K = rg.shape[0], topk_idx.shape[1]
+    flat = topk_idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+    tok = order // K
+    xs = x[tok]
+    a = F.silu(_scaled_gmm(xs, rg, offs)) * _scaled_gmm(xs, ru, offs)
+    o = _scaled_gmm(a, rd, offs)
+    acc = torch.zeros(T, H, dtype=torch.float32, device=x.device)
+    return acc.index_add(0, tok, o.float() * topk_weight.reshape(-1)[order].unsqueeze(1)).to(torch.bfloat16)
 
 
 def naive_loop(x, topk_idx, topk_weight, sg, su, sd, rg, ru, rd):

@@ -55,6 +55,10 @@ struct MokSegment {
   int m, n, k;
   const int* offsets;  // device, [num_groups + 1] int32, or nullptr
   MokOperand a, b, d, aux, b_up;
+  // The FP8 kinds' block scales (base null for every other kind), fp32 powers of two, K-major as the FP8 recipe's
+  // quantiser gives them (docs/numerics.md): sfa of A [rows, ceil(k/128)] row-major (one per row and 128 columns of
+  // K: ld = ceil(k/128)), sfb of B [ceil(n/128), ceil(k/128)] row-major (one per 128x128 block of B [n, k]).
+  MokOperand sfa, sfb;
 };
 
 enum MokGemmKind {
@@ -72,7 +76,11 @@ enum MokGemmKind {
                                // a = bf16(silu(g) * u), written
   MOK_GEMM_TT_F32_SMALL = 8,   // TT_F32 in a ping-pong 64x128x64 tile whatever the variant: the router's weight
                                // gradient ([E, H] outputs over T-long reductions: more output tiles, more SMs)
-  MOK_GEMM_NUM_KINDS = 9
+  MOK_GEMM_FP8_TN_F32 = 9,     // TN on e4m3 operands with block scales (segment operands sfa, sfb): A [M,K] row-major,
+                               // B [N,K] row-major, D fp32 = sum over K blocks of 128 of (A_blk B_blk) * sfa * sfb;
+                               // K a multiple of 128 (the quantisers pad with zeros); one tile, whatever the variant
+  MOK_GEMM_FP8_TN_BF16 = 10,   // same, D bf16
+  MOK_GEMM_NUM_KINDS = 11
 };
 
 extern "C" {
@@ -126,6 +134,22 @@ MOK_API int mok_poison(void* p, int64_t n, int is_bf16, const int* flag, cudaStr
 // pair into one stacked tensor (16-byte vectors when n % 8 == 0 and the pointers are 16-byte aligned).
 MOK_API int mok_cast_pair_bf16(const float* first, const float* second, int64_t blocks, int64_t n, void* out,
                        cudaStream_t stream);
+
+// FP8 recipe quantisers (csrc/fp8_quant.cu, docs/numerics.md "FP8 recipe"), bit for bit mok.reference's: e4m3 values
+// (uint8 storage) and power-of-two fp32 scales from amax's bf16 bits.
+// Activations: row r of x (bf16, leading dimension ld_x) holds `parts` parts of P columns (part j from column j * P),
+// each quantised in 1x128 blocks from its first column: q [rows, parts * Pp] e4m3 with part j's values in columns
+// [j * Pp, j * Pp + P) and zeros in the rest of its Pp = ceil(P/128) * 128; scales [rows, parts * ceil(P/128)]
+// fp32, part j's blocks from column j * ceil(P/128). count: device int32 or null; rows quantised = min(*count, rows).
+MOK_API int mok_fp8_quant_rows(const void* x, int64_t ld_x, int rows, int parts, int P, const int* count, void* q,
+                               float* scales, cudaStream_t stream);
+// Weights: w [L, N, K] bf16 in 128x128 blocks. q [L, N, Kp] e4m3 (Kp = ceil(K/128) * 128, zeros past K) and
+// s [L, ceil(N/128), ceil(K/128)] fp32, each skipped when null; the transpose's quantisation (the same values and
+// scales, transposed) into qT (row k of expert l at qT + l * K * ld_qT + k * ld_qT + off_qT: columns [0, Np) with
+// zeros past N, Np = ceil(N/128) * 128) and sT (row kb of expert l at sT + (l * ceil(K/128) + kb) * ld_sT + off_sT:
+// ceil(N/128) columns), each skipped when null.
+MOK_API int mok_fp8_quant_blocks(const void* w, int L, int N, int K, void* q, float* s, void* qT, int64_t ld_qT,
+                                 int64_t off_qT, float* sT, int64_t ld_sT, int64_t off_sT, cudaStream_t stream);
 
 // Router (csrc/router.cu), one warp per token, the reference's formulas and orders.
 // logits [T, ld] fp32 (first E columns used); softmax: 1 = softmax scores, 0 = sigmoid;

@@ -45,7 +45,7 @@ namespace {
   X(mok_combine_bwd_dx) X(mok_zero_empty) X(mok_poison) X(mok_cast_pair_bf16) X(mok_router_topk) X(mok_router_bwd) \
   X(mok_router_losses_scratch_bytes) X(mok_router_losses) X(mok_router_losses_bwd) X(mok_ep_gather_rows)           \
   X(mok_ep_scatter_rows) X(mok_ep_concat) X(mok_ep_enable_peer_access) X(mok_ep_next_epoch) X(mok_ep_signal)       \
-  X(mok_ep_wait)
+  X(mok_ep_wait) X(mok_fp8_quant_rows) X(mok_fp8_quant_blocks)
 
 struct Kernels {
 #define MOK_FIELD(name) decltype(&::name) name = nullptr;
@@ -92,6 +92,7 @@ std::string dtype_name(at::ScalarType t) {
     case at::kChar: return "torch.int8";
     case at::kByte: return "torch.uint8";
     case at::kBool: return "torch.bool";
+    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
     default: return std::string("torch.") + c10::toString(t);
   }
 }
@@ -611,6 +612,79 @@ void ep_wait(const at::Tensor& flags, int64_t phase, int64_t rank, const at::Ten
            static_cast<int64_t>(timeout_s * 1e9), as_int("rank", rank), as_int("phase", phase));
 }
 
+// ---------------------------------------------------------------- FP8 recipe quantisers (csrc/fp8_quant.cu)
+
+constexpr int64_t kFp8Block = 128;
+int64_t blocks_of(int64_t n) { return (n + kFp8Block - 1) / kFp8Block; }
+
+void fp8_quant_rows(const at::Tensor& x, int64_t parts, const std::optional<at::Tensor>& count, const at::Tensor& q,
+                    const at::Tensor& scales) {
+  const auto dev = x.device();
+  check_tensor("x", x, at::kBFloat16, dev);
+  check_dim("x", x, 2, "[rows, parts * P]");
+  check_at_least("parts", parts, 1);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  TORCH_CHECK_VALUE(cols >= parts && cols % parts == 0, "parts: expected a divisor of x's ", cols,
+                    " columns (parts of P columns each), got ", parts);
+  const int64_t P = cols / parts, Pb = blocks_of(P);
+  check_tensor("q", q, at::kFloat8_e4m3fn, dev);
+  check_shape("q", q, {rows, parts * Pb * kFp8Block}, "(rows, parts * ceil(P/128) * 128)");
+  check_tensor("scales", scales, at::kFloat, dev);
+  check_shape("scales", scales, {rows, parts * Pb}, "(rows, parts * ceil(P/128))");
+  if (count) {
+    check_tensor("count", *count, at::kInt, dev);
+    TORCH_CHECK_VALUE(count->numel() >= 1, "count: expected at least 1 entry (the rows to quantise), got none");
+  }
+  Launch l(dev, "x");
+  MOK_CALL(l, mok_fp8_quant_rows, x.data_ptr(), cols, as_int("rows", rows), as_int("parts", parts), as_int("P", P),
+           count ? count->data_ptr<int>() : nullptr, q.data_ptr(), scales.data_ptr<float>());
+}
+
+// An optional output of fp8_quant_blocks: [L, rows, >= off + cols] (without L when the weight has no expert dim).
+void check_quant_out(const char* name, const std::optional<at::Tensor>& t, at::ScalarType dtype, const at::Device& dev,
+                     const std::vector<int64_t>& lead, int64_t rows, int64_t off, int64_t cols, int64_t align) {
+  if (!t) return;
+  check_tensor(name, *t, dtype, dev);
+  const int64_t nd = static_cast<int64_t>(lead.size()) + 2;
+  TORCH_CHECK_VALUE(t->dim() == nd, name, ": expected ", nd, " dimensions, got shape ", shape(t->sizes()));
+  for (size_t i = 0; i < lead.size(); ++i)
+    TORCH_CHECK_VALUE(t->size(i) == lead[i], name, ": expected ", lead[i], " experts (w's), got shape ",
+                      shape(t->sizes()));
+  const int64_t ld = t->size(nd - 1);
+  TORCH_CHECK_VALUE(t->size(nd - 2) == rows && ld >= off + cols && off % align == 0 && ld % align == 0, name,
+                    ": expected ", rows, " rows of at least offset + ", cols, " columns (offset ", off, "; offset "
+                    "and row length multiples of ", align, "), got shape ", shape(t->sizes()));
+}
+
+void fp8_quant_blocks(const at::Tensor& w, const std::optional<at::Tensor>& q, const std::optional<at::Tensor>& s,
+                      const std::optional<at::Tensor>& qT, int64_t off_qT, const std::optional<at::Tensor>& sT,
+                      int64_t off_sT) {
+  const auto dev = w.device();
+  check_tensor("w", w, at::kBFloat16, dev);
+  TORCH_CHECK_VALUE(w.dim() == 2 || w.dim() == 3, "w: expected 2 or 3 dimensions [(L,) N, K], got shape ",
+                    shape(w.sizes()));
+  const int64_t L = w.dim() == 3 ? w.size(0) : 1, N = w.size(-2), K = w.size(-1);
+  std::vector<int64_t> lead;
+  if (w.dim() == 3) lead.push_back(L);
+  const int64_t Nb = blocks_of(N), Kb = blocks_of(K);
+  check_at_least("off_qT", off_qT, 0);
+  check_at_least("off_sT", off_sT, 0);
+  check_quant_out("q", q, at::kFloat8_e4m3fn, dev, lead, N, 0, Kb * kFp8Block, 1);
+  if (q) TORCH_CHECK_VALUE(q->size(-1) == Kb * kFp8Block, "q: expected rows of ceil(K/128) * 128 = ",
+                           Kb * kFp8Block, " columns, got shape ", shape(q->sizes()));
+  check_quant_out("s", s, at::kFloat, dev, lead, Nb, 0, Kb, 1);
+  if (s) TORCH_CHECK_VALUE(s->size(-1) == Kb, "s: expected ceil(K/128) = ", Kb, " columns, got shape ",
+                           shape(s->sizes()));
+  check_quant_out("qT", qT, at::kFloat8_e4m3fn, dev, lead, K, off_qT, Nb * kFp8Block, 16);
+  check_quant_out("sT", sT, at::kFloat, dev, lead, Kb, off_sT, Nb, 1);
+  TORCH_CHECK_VALUE(L <= 65535 && Nb <= 65535, "w: expected at most 65535 experts and 65535 * 128 rows, got shape ",
+                    shape(w.sizes()));
+  Launch l(dev, "w");
+  MOK_CALL(l, mok_fp8_quant_blocks, w.data_ptr(), as_int("L", L), as_int("N", N), as_int("K", K),
+           q ? q->data_ptr() : nullptr, s ? s->data_ptr<float>() : nullptr, qT ? qT->data_ptr() : nullptr,
+           qT ? qT->size(-1) : 0, off_qT, sT ? sT->data_ptr<float>() : nullptr, sT ? sT->size(-1) : 0, off_sT);
+}
+
 // ---------------------------------------------------------------- grouped GEMMs
 
 // One matrix operand (MokOperand, with the tensor instead of its address): group e starts at element
@@ -626,15 +700,18 @@ struct Segment {
   std::optional<at::Tensor> offsets;
   Operand a, b, d;
   std::optional<Operand> aux, b_up;
+  std::optional<Operand> sfa, sfb;  // the FP8 kinds' block scales
 };
 
 bool fused_kind(int64_t kind) { return kind == MOK_GEMM_NN_SWIGLU_BWD || kind == MOK_GEMM_TN_SWIGLU_FWD; }
 bool b_up_kind(int64_t kind) { return kind == MOK_GEMM_TN_SWIGLU_FWD || kind == MOK_GEMM_NN_BF16; }
+bool fp8_kind(int64_t kind) { return kind == MOK_GEMM_FP8_TN_F32 || kind == MOK_GEMM_FP8_TN_BF16; }
 constexpr int64_t kBUpKTile = 64;  // the d_x kind's K tile (csrc/mainloop_k_halves.cuh)
 
 at::ScalarType d_dtype(int64_t kind) {
   switch (kind) {
     case MOK_GEMM_TN_BF16: case MOK_GEMM_NN_BF16: case MOK_GEMM_TT_BF16: case MOK_GEMM_NN_SWIGLU_BWD:
+    case MOK_GEMM_FP8_TN_BF16:
       return at::kBFloat16;
     default: return at::kFloat;
   }
@@ -656,7 +733,7 @@ Extents operand_extents(int64_t kind, const Segment& s, char which) {
   const bool dynamic = s.offsets.has_value();
   const int64_t rows = dynamic ? -1 : s.fixed_rows;
   const int64_t M = s.rows_dim == 0 ? rows : s.m, K = s.rows_dim == 0 ? s.k : rows, N = s.n;
-  const bool tn = kind == MOK_GEMM_TN_F32 || kind == MOK_GEMM_TN_BF16 || kind == MOK_GEMM_TN_SWIGLU_FWD;
+  const bool tn = kind == MOK_GEMM_TN_F32 || kind == MOK_GEMM_TN_BF16 || kind == MOK_GEMM_TN_SWIGLU_FWD || fp8_kind(kind);
   const bool tt = kind == MOK_GEMM_TT_F32 || kind == MOK_GEMM_TT_BF16 || kind == MOK_GEMM_TT_F32_SMALL;
   const bool halves = s.b_up.has_value();
   switch (which) {
@@ -665,6 +742,8 @@ Extents operand_extents(int64_t kind, const Segment& s, char which) {
       if (tn) return {halves && kind == MOK_GEMM_TN_SWIGLU_FWD ? N / 2 : N, K};
       return {halves && kind == MOK_GEMM_NN_BF16 && K > 0 ? K / 2 : K, N};
     case 'd': return {M, kind == MOK_GEMM_NN_SWIGLU_BWD ? 2 * N : N};
+    case 's': return {M, K / 128};  // sfa: one scale per row and 128 columns of K
+    case 't': return {(N + 127) / 128, K / 128};  // sfb: one per 128x128 block of B [N, K]
     default: return {M, kind == MOK_GEMM_NN_SWIGLU_BWD ? 2 * N : N / 2};  // aux
   }
 }
@@ -726,10 +805,27 @@ void check_segments(int64_t kind, const std::vector<Segment*>& segments, const a
                       " for GEMM kind ", kind, " (only the fused kinds (", int(MOK_GEMM_NN_SWIGLU_BWD), ", ",
                       int(MOK_GEMM_TN_SWIGLU_FWD), ") have it)");
     if (s.b_up) check_b_up(kind, s, where);
+    const bool fp8 = fp8_kind(kind);
+    TORCH_CHECK_VALUE(s.sfa.has_value() == fp8 && s.sfb.has_value() == fp8, where, ": operands sfa and sfb must be ",
+                      fp8 ? "given" : "None", " for GEMM kind ", kind, " (only the FP8 kinds (",
+                      int(MOK_GEMM_FP8_TN_F32), ", ", int(MOK_GEMM_FP8_TN_BF16), ") have them)");
+    if (fp8) {
+      TORCH_CHECK_VALUE(s.rows_dim == 0 && s.k >= 128 && s.k % 128 == 0 && s.a.ld % 16 == 0 && s.b.ld % 16 == 0, where,
+                        ": GEMM kind ", kind, " needs rows as M, k a positive multiple of 128 and A's and B's ld "
+                        "multiples of 16, got rows_dim ", s.rows_dim, ", k = ", s.k, ", ld ", s.a.ld, " and ", s.b.ld);
+      const int64_t kb = s.k / 128;
+      TORCH_CHECK_VALUE(s.sfa->ld == kb && s.sfb->ld == kb && (!s.offsets || s.sfa->row_stride == kb), where,
+                        ": operands sfa and sfb must be K-major with ld = k / 128 = ", kb, " (sfa one row per row of "
+                        "a), got ld ", s.sfa->ld, " (row_stride ", s.sfa->row_stride, ") and ", s.sfb->ld);
+      for (const auto& [which, op] : {std::pair<const char*, const Operand*>{"sfa", &*s.sfa}, {"sfb", &*s.sfb}})
+        TORCH_CHECK_TYPE(op->tensor.scalar_type() == at::kFloat, where, ": operand ", which, " is torch.float32, got ",
+                         dtype_name(op->tensor.scalar_type()));
+    }
     // (name, operand or nullptr, its key in operand_extents)
     const std::tuple<const char*, const Operand*, char> ops[] = {
         {"a", &s.a, 'a'}, {"b", &s.b, 'b'}, {"d", &s.d, 'd'}, {"aux", s.aux ? &*s.aux : nullptr, 'x'},
-        {"b_up", s.b_up ? &*s.b_up : nullptr, 'u'}};
+        {"b_up", s.b_up ? &*s.b_up : nullptr, 'u'}, {"sfa", s.sfa ? &*s.sfa : nullptr, 's'},
+        {"sfb", s.sfb ? &*s.sfb : nullptr, 't'}};
     for (const auto& [which, op, key] : ops) {
       if (op == nullptr) continue;
       TORCH_CHECK_VALUE(op->tensor.device() == device && op->tensor.is_contiguous(), where, ": operand ", which,
@@ -743,10 +839,11 @@ void check_segments(int64_t kind, const std::vector<Segment*>& segments, const a
                        dtype_name(want_aux), ", got ", dtype_name(s.d.tensor.scalar_type()), " and ",
                        dtype_name(s.aux->tensor.scalar_type()));
     }
+    const at::ScalarType want_ab = fp8 ? at::kFloat8_e4m3fn : at::kBFloat16;
     for (const char* which : {"a", "b"}) {
       const at::Tensor& t = (*which == 'a' ? s.a : s.b).tensor;
-      TORCH_CHECK_TYPE(t.scalar_type() == at::kBFloat16, where, ": operand ", which, " of every GEMM kind is ",
-                       "torch.bfloat16, got ", dtype_name(t.scalar_type()));
+      TORCH_CHECK_TYPE(t.scalar_type() == want_ab, where, ": operand ", which, " of GEMM kind ", kind, " is ",
+                       dtype_name(want_ab), ", got ", dtype_name(t.scalar_type()));
     }
     TORCH_CHECK_TYPE(s.d.tensor.scalar_type() == d_dtype(kind), where, ": operand d of GEMM kind ", kind, " is ",
                      dtype_name(d_dtype(kind)), ", got ", dtype_name(s.d.tensor.scalar_type()));
@@ -797,7 +894,7 @@ void launch_gemm(int64_t kind, const std::vector<Segment*>& segments, const at::
     arr[j] = MokSegment{static_cast<int>(s.num_groups), static_cast<int>(s.rows_dim), static_cast<int>(s.fixed_rows),
                         static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k),
                         s.offsets ? s.offsets->data_ptr<int>() : nullptr, c_operand(s.a), c_operand(s.b),
-                        c_operand(s.d), c_operand(s.aux), c_operand(s.b_up)};
+                        c_operand(s.d), c_operand(s.aux), c_operand(s.b_up), c_operand(s.sfa), c_operand(s.sfb)};
     groups += s.num_groups;
   }
   const int index = dev.index();
@@ -834,7 +931,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #define MOK_KIND(name) kinds[#name] = static_cast<int>(name);
   MOK_KIND(MOK_GEMM_TN_F32) MOK_KIND(MOK_GEMM_TN_BF16) MOK_KIND(MOK_GEMM_NN_F32) MOK_KIND(MOK_GEMM_NN_BF16)
   MOK_KIND(MOK_GEMM_TT_F32) MOK_KIND(MOK_GEMM_TT_BF16) MOK_KIND(MOK_GEMM_NN_SWIGLU_BWD)
-  MOK_KIND(MOK_GEMM_TN_SWIGLU_FWD) MOK_KIND(MOK_GEMM_TT_F32_SMALL)
+  MOK_KIND(MOK_GEMM_TN_SWIGLU_FWD) MOK_KIND(MOK_GEMM_TT_F32_SMALL) MOK_KIND(MOK_GEMM_FP8_TN_F32)
+  MOK_KIND(MOK_GEMM_FP8_TN_BF16)
 #undef MOK_KIND
   m.attr("GEMM_KINDS") = kinds;
   py::list entry_points;
@@ -872,25 +970,33 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                       "fused kinds' extra operand; b_up: B's second half as another tensor (csrc/mok_fast.h).")
       .def_static("expert_rows", [](at::Tensor offsets, int64_t groups, int64_t n, int64_t k, const Operand& a,
                                     const Operand& b, const Operand& d, std::optional<Operand> aux,
-                                    std::optional<Operand> b_up) {
-        return Segment{groups, 0, 0, n, k, 0, std::move(offsets), a, b, d, std::move(aux), std::move(b_up)};
+                                    std::optional<Operand> b_up, std::optional<Operand> sfa,
+                                    std::optional<Operand> sfb) {
+        return Segment{groups, 0, 0, n, k, 0, std::move(offsets), a, b, d, std::move(aux), std::move(b_up),
+                       std::move(sfa), std::move(sfb)};
       }, py::arg("offsets"), py::arg("groups"), py::arg("n"), py::arg("k"), py::arg("a"), py::arg("b"), py::arg("d"),
-         py::arg("aux") = py::none(), py::arg("b_up") = py::none(),
+         py::arg("aux") = py::none(), py::arg("b_up") = py::none(), py::arg("sfa") = py::none(),
+         py::arg("sfb") = py::none(),
          "Per-expert GEMM whose M is the expert's routed rows: D_e [rows(e), n] = A_e [rows(e), k] . B_e.")
       .def_static("all_rows", [](int64_t rows, int64_t n, int64_t k, const Operand& a, const Operand& b,
-                                 const Operand& d, std::optional<Operand> aux, std::optional<Operand> b_up) {
-        return Segment{1, 0, 0, n, k, rows, std::nullopt, a, b, d, std::move(aux), std::move(b_up)};
+                                 const Operand& d, std::optional<Operand> aux, std::optional<Operand> b_up,
+                                 std::optional<Operand> sfa, std::optional<Operand> sfb) {
+        return Segment{1, 0, 0, n, k, rows, std::nullopt, a, b, d, std::move(aux), std::move(b_up), std::move(sfa),
+                       std::move(sfb)};
       }, py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("a"), py::arg("b"), py::arg("d"),
-         py::arg("aux") = py::none(), py::arg("b_up") = py::none(),
+         py::arg("aux") = py::none(), py::arg("b_up") = py::none(), py::arg("sfa") = py::none(),
+         py::arg("sfb") = py::none(),
          "One GEMM over a fixed row count: D [rows, n] = A [rows, k] . B.")
       .def_static("expert_wgrad", [](at::Tensor offsets, int64_t groups, int64_t m, int64_t n, const Operand& a,
                                      const Operand& b, const Operand& d) {
-        return Segment{groups, 2, m, n, 0, 0, std::move(offsets), a, b, d, std::nullopt, std::nullopt};
+        return Segment{groups, 2, m, n, 0, 0, std::move(offsets), a, b, d, std::nullopt, std::nullopt, std::nullopt,
+                       std::nullopt};
       }, py::arg("offsets"), py::arg("groups"), py::arg("m"), py::arg("n"), py::arg("a"), py::arg("b"), py::arg("d"),
          "Per-expert weight gradient reduced over the expert's rows in order: D_e [m, n] = A_e^T B_e.")
       .def_static("all_wgrad", [](int64_t rows, int64_t m, int64_t n, const Operand& a, const Operand& b,
                                   const Operand& d) {
-        return Segment{1, 2, m, n, 0, rows, std::nullopt, a, b, d, std::nullopt, std::nullopt};
+        return Segment{1, 2, m, n, 0, rows, std::nullopt, a, b, d, std::nullopt, std::nullopt, std::nullopt,
+                       std::nullopt};
       }, py::arg("rows"), py::arg("m"), py::arg("n"), py::arg("a"), py::arg("b"), py::arg("d"),
          "Weight gradient reduced over a fixed row count in order: D [m, n] = A^T B.")
       .def_readonly("num_groups", &Segment::num_groups)
@@ -905,6 +1011,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("d", &Segment::d)
       .def_property_readonly("aux", [optional_operand](const Segment& s) { return optional_operand(s.aux); })
       .def_property_readonly("b_up", [optional_operand](const Segment& s) { return optional_operand(s.b_up); })
+      .def_property_readonly("sfa", [optional_operand](const Segment& s) { return optional_operand(s.sfa); })
+      .def_property_readonly("sfb", [optional_operand](const Segment& s) { return optional_operand(s.sfb); })
       .def("__repr__", [](const Segment& s) {
         return c10::str("Segment(num_groups=", s.num_groups, ", rows_dim=", s.rows_dim, ", m=", s.m, ", n=", s.n,
                         ", k=", s.k, ", fixed_rows=", s.fixed_rows, ", offsets=", s.offsets ? "tensor" : "None",
@@ -937,6 +1045,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("zero_empty", &zero_empty, py::arg("d"), py::arg("offsets"), py::arg("L"), py::arg("flag"));
   m.def("poison", &poison, py::arg("t"), py::arg("flag"));
   m.def("cast_pair_bf16", &cast_pair_bf16, py::arg("first"), py::arg("second"), py::arg("out"));
+  m.def("fp8_quant_rows", &fp8_quant_rows, py::arg("x"), py::arg("parts"), py::arg("count"), py::arg("q"),
+        py::arg("scales"), "The FP8 recipe's activations: each row's `parts` parts of x quantised in 1x128 blocks "
+        "(csrc/mok_fast.h, mok_fp8_quant_rows); count: int32, its first entry the rows to quantise, or None (all).");
+  m.def("fp8_quant_blocks", &fp8_quant_blocks, py::arg("w"), py::arg("q"), py::arg("s"), py::arg("qT"),
+        py::arg("off_qT"), py::arg("sT"), py::arg("off_sT"), "The FP8 recipe's weights in 128x128 blocks, and the "
+        "transpose's quantisation at column offsets (csrc/mok_fast.h, mok_fp8_quant_blocks); any output may be None.");
   m.def("router_topk", &router_topk, py::arg("logits"), py::arg("E"), py::arg("K"), py::arg("softmax"),
         py::arg("normalize"), py::arg("scores"), py::arg("topk_idx"), py::arg("topk_w"));
   m.def("router_bwd", &router_bwd, py::arg("scores"), py::arg("topk_idx"), py::arg("d_w"), py::arg("d_scores"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..reference import backend_fact, check_versions, forward_facts, preflight
+from ..reference import backend_fact, check_precision, check_versions, forward_facts, preflight
 from ._backward import run_backward
 from ._build import FastPathUnavailable, is_available
 from ._checks import check_dy, check_group, check_inputs
@@ -19,6 +19,7 @@ from ._context import load_context, save_context, saved_fake
 from ._ep import EPContext, run_backward_ep, run_forward_ep
 from ._ep_buffer import release as release_ep_buffers
 from ._forward import FastContext, run_forward
+from ._fp8_layer import run_backward_fp8, run_forward_fp8
 from . import _lib
 from ._router import router_backward, router_forward, router_losses, router_losses_backward
 
@@ -37,7 +38,7 @@ def cast_pair_bf16(first, second, out) -> None:
 
 @torch.no_grad()
 def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
-            routed_down, *, group=None):
+            routed_down, *, group=None, precision="bf16"):
     """MoE forward on Hopper GPUs: one GPU, or this rank's part of an expert-parallel layer. Like
     `mok.reference.forward`, it builds no autograd graph (torch.no_grad()) and `backward` raises if an input it
     reads (x, topk_weight, the weights) was changed in place in between.
@@ -59,18 +60,27 @@ def forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, route
             every rank raise. Token t of rank r is global token r*T + t; the outputs are bitwise those of
             W = 1 on the concatenated batch. Ranks wait for each other on the device: a rank that does
             not come traps the others' CUDA contexts after MOK_EP_TIMEOUT_S seconds (default 120).
+        precision: "bf16" (default) or "fp8": the FP8 recipe of docs/numerics.md (the gate/up, down, d_a and d_x
+            GEMMs on e4m3 operands with power-of-two block scales, quantised bit for bit as mok.reference does;
+            the weights' quantisation made once per weight version and cached; W = 1 only). `backward` follows the
+            forward's recipe. Any other value raises ValueError naming `precision`.
     Returns:
         (y [T, H] bf16, ctx for `backward`).
     """
     W = check_group(group)
     if W == 1:
+        check_precision(precision)
         dims = check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
                             routed_up, routed_down)
-        y, ctx = run_forward(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
-                             routed_up, routed_down, dims)
+        run = run_forward_fp8 if precision == "fp8" else run_forward
+        y, ctx = run(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
+                     routed_down, dims)
         return y, ctx.record_versions()
     dims, err = None, None
     try:
+        if check_precision(precision) != "bf16":
+            raise ValueError(f"precision: {precision!r} runs on one GPU only (group=None) in mok.fast; expert "
+                             f"parallelism takes 'bf16'")
         dims = check_inputs(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate,
                             routed_up, routed_down, world_size=W)
         if W * dims.T * dims.K >= 2**31:
@@ -111,6 +121,8 @@ def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32, separate_
         raise ValueError(f"ctx: expected the FastContext from mok.fast.forward, got {type(ctx).__name__}")
     if not isinstance(ctx, EPContext):
         _check_backward_args(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
+        if ctx.fp8 is not None:
+            return run_backward_fp8(ctx, dy, weight_grad_dtype, separate_gate_up_grads)
         return run_backward(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
     err = None
     try:

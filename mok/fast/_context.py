@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _ep_buffer
-from ..reference import Dims, check_context_args, forward_facts, preflight
+from . import _ep_buffer, _fp8
+from ..reference import Dims, check_context_args, check_precision, forward_facts, preflight
 from ._checks import check_group, check_inputs
 from ._ep import EPContext
 from ._forward import FastContext, Schedule
@@ -29,7 +29,8 @@ def save_context(ctx: FastContext) -> list[torch.Tensor]:
     return [s.offsets, rows, s.flag, ctx.x_RH, ctx.pq_R2I, ctx.a_RI, ctx.o_RH, pq_s, a_s]
 
 
-def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: tuple, group=None) -> FastContext:
+def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: tuple, group=None,
+                 precision: str = "bf16") -> FastContext:
     """Rebuild the `FastContext` of `mok.fast.forward(x, topk_idx, topk_weight, *shared, *routed)` from
     `save_context`'s tensors (checked against the layout above).
 
@@ -37,8 +38,13 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
     peer buffer is made or exchanged: a rank whose arguments fail their checks or differ makes every rank
     raise, and a rank in another mok call (a forward: ranks out of step) makes every rank raise a
     RuntimeError naming each rank's call, as the reference's `load_context` does.
+
+    precision: the forward's recipe ("bf16" or "fp8"; fp8 with W = 1 only): with "fp8" the context carries the
+    weights' quantisation (`_fp8.fp8_weights`: the cached one when the forward made it from these weights).
     """
     W = check_group(group)
+    if check_precision(precision) != "bf16" and W > 1:
+        raise ValueError(f"precision: {precision!r} runs on one GPU only (group=None) in mok.fast")
     dims, err = None, None
     try:
         dims = _check_saved_args(saved, x, topk_idx, topk_weight, shared, routed, W)
@@ -52,8 +58,9 @@ def load_context(saved: list, x, topk_idx, topk_weight, shared: tuple, routed: t
     has_shared = shared[0] is not None
     pq_s, a_s = (pq_s, a_s) if has_shared else (None, None)
     if W == 1:
+        fp8 = _fp8.fp8_weights(*routed, *shared) if precision == "fp8" else None
         return FastContext(dims, x, topk_weight, Schedule(offsets, None, rows, flag), x_RH, pq, a_RI, o_RH,
-                           (*routed, *shared), pq_s, a_s).record_versions()
+                           (*routed, *shared), pq_s, a_s, fp8=fp8).record_versions()
     buf = _ep_buffer.get(group, x.device, dims.T, dims.H, dims.K, dims.S)
     return EPContext(dims, x, topk_weight, Schedule(offsets, rows, None, flag), x_RH, pq, a_RI, o_RH,
                      (*routed, *shared), pq_s, a_s, buf=buf, group=group).record_versions()

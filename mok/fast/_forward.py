@@ -42,6 +42,12 @@ class FastContext:
     pq_s_T2S: torch.Tensor | None = None  # fp32 [T, 2S] the shared expert's [p | q]
     a_s_TS: torch.Tensor | None = None    # bf16 [T, S]
     versions: tuple = ()  # version counters of the inputs backward reads (`record_versions`)
+    fp8: object = None  # the FP8 recipe's quantised weights (`_fp8.Fp8Weights`), None in the bf16 recipe
+
+    @property
+    def precision(self) -> str:
+        """The forward's recipe (docs/numerics.md): "fp8" when it quantised its operands, else "bf16"."""
+        return "bf16" if self.fp8 is None else "fp8"
 
     def record_versions(self) -> FastContext:
         """Record the version counters of the inputs backward reads (x, topk_weight, the six weights), which

@@ -7,6 +7,7 @@ device with that device set, never synchronising the host:
                   check_segments (its checks alone), _grouped_gemm_unchecked (tests of the library's own checks)
   the layer       schedule, gather_rows, swiglu_fwd, swiglu_bwd, combine_fwd, combine_bwd_pre, combine_bwd_dx,
                   zero_empty, poison, cast_pair_bf16
+  FP8 recipe      fp8_quant_rows, fp8_quant_blocks (the quantisers; GEMM_FP8_* kinds take segment operands sfa, sfb)
   the router      router_topk, router_bwd, router_losses, router_losses_bwd
   expert parallel ep_gather_rows, ep_scatter_rows, ep_concat, ep_enable_peer_access, ep_next_epoch, ep_signal,
                   ep_wait
@@ -21,11 +22,13 @@ import torch
 from . import _build
 
 (GEMM_TN_F32, GEMM_TN_BF16, GEMM_NN_F32, GEMM_NN_BF16, GEMM_TT_F32, GEMM_TT_BF16, GEMM_NN_SWIGLU_BWD,
- GEMM_TN_SWIGLU_FWD, GEMM_TT_F32_SMALL) = range(9)
+ GEMM_TN_SWIGLU_FWD, GEMM_TT_F32_SMALL, GEMM_FP8_TN_F32, GEMM_FP8_TN_BF16) = range(11)
 GEMM_KINDS = {"MOK_GEMM_TN_F32": GEMM_TN_F32, "MOK_GEMM_TN_BF16": GEMM_TN_BF16, "MOK_GEMM_NN_F32": GEMM_NN_F32,
               "MOK_GEMM_NN_BF16": GEMM_NN_BF16, "MOK_GEMM_TT_F32": GEMM_TT_F32, "MOK_GEMM_TT_BF16": GEMM_TT_BF16,
               "MOK_GEMM_NN_SWIGLU_BWD": GEMM_NN_SWIGLU_BWD, "MOK_GEMM_TN_SWIGLU_FWD": GEMM_TN_SWIGLU_FWD,
-              "MOK_GEMM_TT_F32_SMALL": GEMM_TT_F32_SMALL}
+              "MOK_GEMM_TT_F32_SMALL": GEMM_TT_F32_SMALL, "MOK_GEMM_FP8_TN_F32": GEMM_FP8_TN_F32,
+              "MOK_GEMM_FP8_TN_BF16": GEMM_FP8_TN_BF16}
+GEMM_FP8_KINDS = (GEMM_FP8_TN_F32, GEMM_FP8_TN_BF16)  # the last kinds; one tile each, whatever the variant
 MAX_SEGMENTS = 4
 ROUTER_MAX_E = 8192
 NUM_GEMM_VARIANTS = 6  # tile variants of every kind (csrc/grouped_gemm.cuh; chosen in _tiles.py)

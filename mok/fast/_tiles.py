@@ -33,7 +33,8 @@ The rule, each choice with the measurement behind it (docs/fast_path.md, "GEMM t
 `MOK_FAST_FUSE_SWIGLU_FWD=0` runs the gate/up GEMM and the swiglu_fwd kernel apart everywhere (the same bits).
 
 `MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
-kind in MokGemmKind order ("2,2,0,0,2,2,0,3,0"), where an empty entry leaves that kind to the rule (",3,,,,,,,":
+kind in MokGemmKind order ("2,2,0,0,2,2,0,3,0"; the FP8 kinds, last, have one tile and may be left out), where an
+empty entry leaves that kind to the rule (",3,,,,,,,":
 GEMM_TN_BF16, the down GEMM, in variant 3; every other kind as the rule says, the weight gradients' per-launch
 choice of `wgrad_variant` included).
 """
@@ -88,15 +89,16 @@ def _parse(text: str) -> tuple[int | None, ...] | None:
     if not text:
         return None
     n_kinds = len(_lib.GEMM_KINDS)
+    n_tiled = n_kinds - len(_lib.GEMM_FP8_KINDS)  # the FP8 kinds (last) have one tile: their entries may be left out
     fields = [v.strip() for v in text.split(",")]
     try:
         vals = [int(v) if v else None for v in fields]
     except ValueError:
         vals = []
-    if len(vals) not in (1, n_kinds) or not all(v is None or 0 <= v < _lib.NUM_GEMM_VARIANTS for v in vals):
-        raise ValueError(f"{ENV}: expected one integer in [0, {_lib.NUM_GEMM_VARIANTS}) or {n_kinds} comma-separated "
-                         f"entries, each such an integer or empty (the rule's choice), got {text!r}")
-    return tuple(vals)
+    if len(vals) not in (1, n_tiled, n_kinds) or not all(v is None or 0 <= v < _lib.NUM_GEMM_VARIANTS for v in vals):
+        raise ValueError(f"{ENV}: expected one integer in [0, {_lib.NUM_GEMM_VARIANTS}) or {n_tiled} (or {n_kinds}) "
+                         f"comma-separated entries, each such an integer or empty (the rule's choice), got {text!r}")
+    return tuple(vals) + (None,) * (n_kinds - len(vals) if len(vals) > 1 else 0)
 
 
 def fuse_swiglu_bwd(I: int, S: int) -> bool:

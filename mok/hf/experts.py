@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..nn import backend as _backend
+from ..reference import check_precision
 from ..nn import ops
 
 NAME = "mok"
@@ -157,12 +158,14 @@ def _null_experts(gate_up, down, top_k_index, top_k_weights, L: int):
     return torch.cat([gate_up, pad[0]]), torch.cat([down, pad[1]]), idx, w
 
 
-def make_experts_forward(backend: str = "auto", recompute: bool = False):
+def make_experts_forward(backend: str = "auto", recompute: bool = False, precision: str = "bf16"):
     """An experts function for `ALL_EXPERTS_FUNCTIONS` running mok's layer.
 
     backend: "auto" (fast path on H100/H200 when available, else reference), "reference" or "fast".
     recompute: as `mok.MoE` (save only the inputs; same bits, less activation memory).
+    precision: as `mok.MoE` ("bf16" or "fp8", the recipe of docs/numerics.md).
     """
+    check_precision(precision)
     if backend not in _backend.CHOICES:
         raise ValueError(f"backend: expected one of {_backend.CHOICES}, got {backend!r}")
     if not isinstance(recompute, bool):
@@ -190,17 +193,17 @@ def make_experts_forward(backend: str = "auto", recompute: bool = False):
         name = _pick(backend, hidden_states.device, H, gate_up.shape[1] // 2)
         # one [gate; up] tensor in, one gradient out: the fast path reads and writes it as is (no concatenation)
         y = ops.moe_gate_up(hidden_states.contiguous(), idx.contiguous(), w.contiguous(), None, None, gate_up, down,
-                            backend=name, recompute=recompute)
+                            backend=name, recompute=recompute, precision=precision)
         return y.to(hidden_states.dtype)
 
     return mok_experts_forward
 
 
-def register(name: str = NAME, *, backend: str = "auto", recompute: bool = False) -> str:
+def register(name: str = NAME, *, backend: str = "auto", recompute: bool = False, precision: str = "bf16") -> str:
     """Register mok in transformers' `ALL_EXPERTS_FUNCTIONS` under `name` (idempotent); returns `name`.
 
     Then `model.set_experts_implementation(name)` or `from_pretrained(..., experts_implementation=name)`.
-    backend, recompute: as `make_experts_forward` (register several names for several settings).
+    backend, recompute, precision: as `make_experts_forward` (register several names for several settings).
     """
     try:
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
@@ -209,5 +212,5 @@ def register(name: str = NAME, *, backend: str = "auto", recompute: bool = False
                           f"import failed: {e}") from e
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a non-empty str, got {name!r}")
-    ALL_EXPERTS_FUNCTIONS.register(name, make_experts_forward(backend, recompute))
+    ALL_EXPERTS_FUNCTIONS.register(name, make_experts_forward(backend, recompute, precision))
     return name

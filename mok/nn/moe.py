@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..reference import SCORES, check_ep_split, check_route_args, preflight, world
+from ..reference import SCORES, check_ep_split, check_precision, check_route_args, preflight, world
 from . import _init
 from . import backend as _backend
 from . import ops
@@ -114,6 +114,9 @@ class MoE(nn.Module):
             uses bf16 weights; fp32 parameters receive fp32 gradients.
         device: parameter device; "meta" allocates nothing and draws nothing (then `to_empty` and
             `reset_parameters`).
+        precision: "bf16" (default) or "fp8": the layer's recipe (docs/numerics.md "FP8 recipe"; the router and the
+            weight gradients stay bf16). With the fast backend, one GPU only; the weights' quantisation is made
+            once per weight version (optimizer step) for bf16 parameters, once per call for fp32 ones (cast anew).
 
     Parameters (the shape legend of docs/layer.md): w_router_EH [E, H]; w_gate_up_L2IH [L, 2I, H] (each expert's
     gate rows, then its up rows, as transformers' `gate_up_proj`: the fast path reads and writes it as one tensor);
@@ -125,7 +128,8 @@ class MoE(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, *,
                  shared_intermediate_size: int = 0, score: str = "softmax", normalize: bool = True,
-                 backend: str = "auto", group=None, recompute: bool = False, dtype=torch.float32, device=None):
+                 backend: str = "auto", group=None, recompute: bool = False, dtype=torch.float32, device=None,
+                 precision: str = "bf16"):
         super().__init__()
         H = _positive_int("hidden_size", hidden_size)
         I = _positive_int("intermediate_size", intermediate_size)
@@ -142,6 +146,7 @@ class MoE(nn.Module):
             raise TypeError(f"recompute: expected a bool, got {recompute!r}")
         if dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"dtype: expected torch.float32 or torch.bfloat16, got {dtype}")
+        self.precision = check_precision(precision)
         if backend not in _backend.CHOICES:
             raise ValueError(f"backend: expected one of {_backend.CHOICES}, got {backend!r}")
         mesh = _mesh_of(group)
@@ -294,7 +299,7 @@ class MoE(nn.Module):
         return (f"H={self.hidden_size}, I={self.intermediate_size}, E={self.num_experts}, K={self.top_k}, "
                 f"S={self.shared_intermediate_size}, L={self.local_experts}, W={self.world_size}, "
                 f"score={self.score!r}, normalize={self.normalize}, backend={self.backend_in_use!r}, "
-                f"recompute={self.recompute}")
+                f"recompute={self.recompute}, precision={self.precision!r}")
 
     # ------------------------------------------------------------ forward pieces
 
@@ -347,7 +352,7 @@ class MoE(nn.Module):
         self._check_router_across_ranks()
         w = [self._local(n) for n in ("w_shared_gate_up_2SH", "w_shared_down_HS", "w_gate_up_L2IH", "w_down_LHI")]
         return ops.moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, *w, group=self.group, backend=self.backend_in_use,
-                               recompute=self.recompute)
+                               recompute=self.recompute, precision=self.precision)
 
     def router_losses(self, routing: Routing) -> RouterLosses:
         """Load-balancing loss and z-loss of `routing` (over its T tokens), deterministic."""

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from ..reference import check_devices
+from ..reference import check_devices, check_precision
 from ._op_common import (BACKENDS, _cast_plan, _casts, _empty, _fake_casts, _group, _impl, _with_casts, apply,
                          check_tensors, eager_function, group_name)
 from .router_ops import router, router_bwd, router_fwd, router_losses, router_losses_bwd, router_losses_fwd
@@ -72,16 +72,17 @@ def _saves(recompute: bool) -> bool:
 
 def _moe_fwd(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
             shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
-            routed_down: Tensor, group_name: Optional[str], backend: str, recompute: bool) -> list[Tensor]:
+            routed_down: Tensor, group_name: Optional[str], backend: str, recompute: bool,
+            precision: str = "bf16") -> list[Tensor]:
     """[y, *bf16 copies of the float32 ones among x and the 6 weights, *the backend's saved context].
-    A gate with up None is one stacked [gate; up] tensor (`moe_gate_up`)."""
+    A gate with up None is one stacked [gate; up] tensor (`moe_gate_up`). precision: the recipe (docs/numerics.md)."""
     tensors = [x, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
     plan = _layer_plan(tensors)
     impl = _impl(backend)
     casts = _casts(tensors, plan, getattr(impl, "cast_pair_bf16", None))
     x16, sg, su, sd, rg, ru, rd = _with_casts(tensors, plan, casts)
     y, ctx = impl.forward(x16, topk_idx, topk_weight, *_halves(sg, su), sd, *_halves(rg, ru), rd,
-                          group=_group(group_name))
+                          group=_group(group_name), precision=precision)
     return [y, *casts, *(impl.save_context(ctx) if _saves(recompute) else [])]
 
 
@@ -90,7 +91,7 @@ moe_fwd = torch.library.custom_op("mok::moe_fwd", mutates_args=())(_moe_fwd)
 
 @moe_fwd.register_fake
 def _(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down,
-      group_name, backend, recompute):
+      group_name, backend, recompute, precision="bf16"):
     weights = [shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
     casts = _fake_casts([x, *weights], _layer_plan([x, *weights]))
     y = torch.empty_like(x, dtype=torch.bfloat16)
@@ -108,7 +109,7 @@ def _moe_bwd_body(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, 
                   shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
                   routed_down: Tensor, saved: list[Tensor], group_name: Optional[str], backend: str,
                   recompute: bool, bf16_weight_grads: bool, stacked_shared: bool, stacked_routed: bool,
-                  release_saved: bool = False) -> list[Tensor]:
+                  precision: str = "bf16", release_saved: bool = False) -> list[Tensor]:
     """[d_x, d_topk_weight, d_routed_gate, d_routed_up, d_routed_down, d_shared_gate, d_shared_up,
     d_shared_down] from bf16 x and weights; weight grads fp32, or bf16 (the fp32 values rounded once) when
     `bf16_weight_grads`; shared ones empty [0] without a shared expert. stacked_shared / stacked_routed: gate
@@ -120,9 +121,9 @@ def _moe_bwd_body(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, 
     group = _group(group_name)
     impl = _impl(backend)
     if _saves(recompute):
-        ctx = impl.load_context(saved, x, topk_idx, topk_weight, shared, routed, group)
+        ctx = impl.load_context(saved, x, topk_idx, topk_weight, shared, routed, group, precision)
     else:
-        _, ctx = impl.forward(x, topk_idx, topk_weight, *shared, *routed, group=group)
+        _, ctx = impl.forward(x, topk_idx, topk_weight, *shared, *routed, group=group, precision=precision)
     wdt = torch.bfloat16 if bf16_weight_grads else torch.float32
     if backend == "fast":  # writes bf16 weight gradients straight from its GEMMs
         # separate gate and up inputs get two gradient tensors (never aliasing outputs), a stacked one one buffer
@@ -140,11 +141,12 @@ def _moe_bwd_body(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, 
 def _moe_bwd(dy: Tensor, x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
              shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
              routed_down: Tensor, saved: list[Tensor], group_name: Optional[str], backend: str,
-             recompute: bool, bf16_weight_grads: bool, stacked_shared: bool, stacked_routed: bool) -> list[Tensor]:
+             recompute: bool, bf16_weight_grads: bool, stacked_shared: bool, stacked_routed: bool,
+             precision: str = "bf16") -> list[Tensor]:
     """`_moe_bwd_body` keeping the saved context whole (the registered op mutates none of its inputs)."""
     return _moe_bwd_body(dy, x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up,
                          routed_down, saved, group_name, backend, recompute, bf16_weight_grads, stacked_shared,
-                         stacked_routed)
+                         stacked_routed, precision)
 
 
 moe_bwd = torch.library.custom_op("mok::moe_bwd", mutates_args=())(_moe_bwd)
@@ -152,7 +154,7 @@ moe_bwd = torch.library.custom_op("mok::moe_bwd", mutates_args=())(_moe_bwd)
 
 @moe_bwd.register_fake
 def _(dy, x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down,
-      saved, group_name, backend, recompute, bf16_weight_grads, stacked_shared, stacked_routed):
+      saved, group_name, backend, recompute, bf16_weight_grads, stacked_shared, stacked_routed, precision="bf16"):
     wdt = torch.bfloat16 if bf16_weight_grads else torch.float32
 
     def like(w, rows=1):
@@ -166,7 +168,9 @@ def _(dy, x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_
 
 
 def _moe_setup(ctx, inputs, output):
-    *tensors, group_name, backend, recompute = inputs
+    # the op's 12 arguments, and precision when the caller passed it (the op's default: "bf16")
+    *tensors, group_name, backend, recompute = inputs[:12]
+    precision = inputs[12] if len(inputs) > 12 else "bf16"
     x, idx, w = tensors[:3]
     weights = tensors[3:]
     plan = _layer_plan([x, *weights])
@@ -179,6 +183,9 @@ def _moe_setup(ctx, inputs, output):
     x16, *w16 = _with_casts([x, *weights], plan, casts)
     ctx.save_for_backward(x16, idx, w, *[t if t is not None else x16.new_empty(0) for t in w16], *saved)
     ctx.args = (group_name, backend, recompute)
+    # backward returns one entry per argument the op was called with: the dispatcher drops an argument equal to
+    # its default (torch.library), so the default precision counts as absent; `_precision_arg` does the same
+    ctx.precision, ctx.n_inputs = precision, 12 if precision == "bf16" else 13
 
 
 def _release_saved() -> bool:
@@ -192,7 +199,7 @@ def _release_saved() -> bool:
 def _moe_backward(ctx, grads, bwd=None):
     dy = grads[0]  # the casts and the saved context get no gradient
     if dy is None:
-        return (None,) * 12
+        return (None,) * ctx.n_inputs
     x, idx, w, sg, su, sd, rg, ru, rd, *saved = ctx.saved_tensors
     stacked_shared, stacked_routed = ctx.stacked
     if not ctx.has_shared:
@@ -206,18 +213,23 @@ def _moe_backward(ctx, grads, bwd=None):
     release = {"release_saved": _release_saved()} if bwd is not None else {}  # the eager path's own body
     d_x, d_w, d_rg, d_ru, d_rd, d_sg, d_su, d_sd = (bwd or moe_bwd)(
         dy.contiguous(), x, idx, w, sg, su, sd, rg, ru, rd, saved, *ctx.args, bf16_grads, stacked_shared,
-        stacked_routed, **release)
+        stacked_routed, ctx.precision, **release)
 
     def cast(i, g):  # the gradient of input i in its dtype (None when that input was None)
         return None if dt[i] is None else g.to(dt[i])
 
     return (d_x.to(dt[0]), None, d_w, cast(3, d_sg), cast(4, d_su), cast(5, d_sd), cast(6, d_rg), cast(7, d_ru),
-            cast(8, d_rd), None, None, None)
+            cast(8, d_rd), *(None,) * (ctx.n_inputs - 9))
 
 
 moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
 _Layer = eager_function("_Layer", _moe_fwd, _moe_setup, lambda ctx, *g, bwd: _moe_backward(ctx, g, bwd),
                         _moe_bwd_body)
+
+
+def _precision_arg(precision: str) -> tuple:
+    """moe_fwd's precision argument as passed: none for the default "bf16" (what the dispatcher does too)."""
+    return () if precision == "bf16" else (precision,)
 
 
 def _check_layer_options(backend, recompute) -> None:
@@ -237,7 +249,7 @@ def _check_layer_tensors(named, optional) -> None:
 
 def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
         routed_gate_LIH, routed_up_LIH, routed_down_LHI, *, group=None, backend: str = "reference",
-        recompute: bool = False) -> Tensor:
+        recompute: bool = False, precision: str = "bf16") -> Tensor:
     """Differentiable, compile-safe MoE layer (docs/layer.md), the arguments of `mok.reference.forward`.
 
     Args:
@@ -250,10 +262,12 @@ def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_
         group: torch.distributed process group for expert parallelism, or None.
         backend: "reference" or "fast" (`mok.fast`, CUDA sm_90).
         recompute: save only the inputs; run the forward again in backward (same bits, less memory).
+        precision: "bf16" (default) or "fp8", the recipe of docs/numerics.md (the fast backend: one GPU only).
     Returns:
         y [T, H] bf16.
     """
     _check_layer_options(backend, recompute)
+    check_precision(precision)
     for name, up, gate in (("routed_up_LIH", routed_up_LIH, routed_gate_LIH), ("shared_up_SH", shared_up_SH,
                                                                               shared_gate_SH)):
         if up is None and gate is not None:  # None would mean a stacked gate to moe_fwd: that is moe_gate_up
@@ -262,12 +276,14 @@ def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_
         x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS, routed_gate_LIH,
         routed_up_LIH, routed_down_LHI))), optional=_W_NAMES[:3])
     out = apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
-                 routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute)
+                 routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute,
+                 *_precision_arg(precision))
     return out[0]
 
 
 def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_down_HS, routed_gate_up_L2IH,
-                routed_down_LHI, *, group=None, backend: str = "reference", recompute: bool = False) -> Tensor:
+                routed_down_LHI, *, group=None, backend: str = "reference", recompute: bool = False,
+                precision: str = "bf16") -> Tensor:
     """`moe` with each expert's gate and up weights as one [gate; up] tensor (gate rows first), as
     transformers stores `gate_up_proj` and `mok.MoE` its parameters: the same bits as `moe` on its two
     halves, and one [gate; up] gradient per stacked tensor (the fast path writes it in one buffer, so nothing is
@@ -276,11 +292,12 @@ def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_do
     Args:
         shared_gate_up_2SH: [2S, H], with shared_down_HS [H, S]; or both None.
         routed_gate_up_L2IH: [L, 2I, H]; routed_down_LHI: [L, H, I].
-        The rest as `moe`.
+        The rest as `moe` (precision included).
     Returns:
         y [T, H] bf16.
     """
     _check_layer_options(backend, recompute)
+    check_precision(precision)
     for name, t, dims in (("routed_gate_up_L2IH", routed_gate_up_L2IH, 3),
                           ("shared_gate_up_2SH", shared_gate_up_2SH, 2)):
         if t is None and dims == 2:  # no shared expert
@@ -298,5 +315,6 @@ def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_do
                           ("routed_gate_up_L2IH", routed_gate_up_L2IH), ("routed_down", routed_down_LHI)],
                          optional=("shared_gate_up_2SH", "shared_down"))
     out = apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, None, shared_down_HS,
-                 routed_gate_up_L2IH, None, routed_down_LHI, group_name(group), backend, recompute)
+                 routed_gate_up_L2IH, None, routed_down_LHI, group_name(group), backend, recompute,
+                 *_precision_arg(precision))
     return out[0]

@@ -27,7 +27,7 @@ def shard_inputs(inputs: dict, rank: int, world_size: int) -> dict:
 
 def run_layer(inputs: dict, *, impl=None, group=None, precision: str = "bf16") -> dict:
     """forward then backward(dy) of `impl` (a module with forward/backward; default the reference), with
-    recipe `precision` (passed on only when not "bf16": the fast path takes no `precision`).
+    recipe `precision` (passed on only when not "bf16").
 
     Returns {name: tensor or None} for OUTPUT_NAMES, on the inputs' device.
     """

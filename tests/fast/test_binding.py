@@ -130,6 +130,20 @@ def _b16(dev, *shape):
     return _z(dev, *shape, dtype=torch.bfloat16)
 
 
+def _f8(dev, *shape):
+    return _z(dev, *shape, dtype=torch.float8_e4m3fn)
+
+
+def _fp8_gemm(dev, **seg):
+    """A FP8_TN_BF16 GEMM D [4, 16] bf16 = A [4, 256] e4m3 · B [16, 256]ᵀ with scales sfa [4, 2], sfb [1, 2]."""
+    args = dict(rows=4, n=16, k=256, a=_lib.Operand(_f8(dev, 4, 256), 0, 0, 256),
+                b=_lib.Operand(_f8(dev, 16, 256), 0, 0, 256), d=_lib.Operand(_b16(dev, 4, 16), 0, 0, 16),
+                sfa=_lib.Operand(_z(dev, 4, 2), 0, 0, 2), sfb=_lib.Operand(_z(dev, 1, 2), 0, 0, 2))
+    args.update(seg)
+    return dict(kind=_lib.GEMM_FP8_TN_BF16, segments=[_lib.Segment.all_rows(**args)], device=torch.device(dev),
+                variant=0)
+
+
 def _gemm(dev, **seg):
     """A TN_F32 GEMM D [4, 8] fp32 = A [4, 16] bf16 · B [8, 16]ᵀ; `seg` overrides all_rows' arguments."""
     args = dict(rows=4, n=8, k=16, a=_lib.Operand(_b16(dev, 4, 16), 0, 0, 16),
@@ -168,6 +182,10 @@ GOOD = {
                                           topk_idx=_i64(dev, T, K), normalize_rows=False, d_scores=_z(dev, T, E),
                                           d_logits=_z(dev, T, E)),
     "grouped_gemm": _gemm,
+    "fp8_quant_rows": lambda dev: dict(x=_b16(dev, R, 2 * 136), parts=2, count=_i32(dev, 1), q=_f8(dev, R, 512),
+                                       scales=_z(dev, R, 4)),
+    "fp8_quant_blocks": lambda dev: dict(w=_b16(dev, E, 136, 16), q=_f8(dev, E, 136, 128), s=_z(dev, E, 2, 1),
+                                         qT=_f8(dev, E, 16, 512), off_qT=256, sT=_z(dev, E, 1, 4), off_sT=2),
     "ep_gather_rows": lambda dev: dict(peers=_i64(dev, 2), per_rank=T, div=K, row_pair=_i32(dev, R),
                                        offsets=_i32(dev, 2 * E + 1), L=E, out=_b16(dev, R, H)),
     "ep_scatter_rows": lambda dev: dict(rows=_b16(dev, R, H), row_pair=_i32(dev, R), offsets=_i32(dev, 2 * E + 1),
@@ -248,6 +266,35 @@ BAD = [
     ("grouped_gemm", "five segments", lambda kw, d: kw.update(segments=kw["segments"] * 5), V,
      "segments: expected 1 to 4, got 5"),
     ("grouped_gemm", "variant out of range", _set(variant=6), V, r"variant: expected an int in \[0, 6\)"),
+    ("grouped_gemm", "an FP8 kind without scales", lambda kw, d: kw.update(_fp8_gemm(d, sfb=None)), V,
+     r"segments\[0\]: operands sfa and sfb must be given for GEMM kind 10"),
+    ("grouped_gemm", "bf16 operands for an FP8 kind",
+     lambda kw, d: kw.update(_fp8_gemm(d, a=_lib.Operand(_b16(d, 4, 256), 0, 0, 256))), TE,
+     r"segments\[0\]: operand a of GEMM kind 10 is torch.float8_e4m3fn, got torch.bfloat16"),
+    ("grouped_gemm", "an FP8 k not a multiple of 128", lambda kw, d: kw.update(_fp8_gemm(d, k=192)), V,
+     r"segments\[0\]: GEMM kind 10 needs rows as M, k a positive multiple of 128"),
+    ("grouped_gemm", "FP8 scales of A one block short",
+     lambda kw, d: kw.update(_fp8_gemm(d, sfa=_lib.Operand(_z(d, 4, 1), 0, 0, 1))), V,
+     r"segments\[0\]: operands sfa and sfb must be K-major with ld = k / 128 = 2"),
+    ("grouped_gemm", "scales on a bf16 kind",
+     lambda kw, d: kw.update(_gemm(d, sfa=_lib.Operand(_z(d, 4, 1), 0, 0, 1))), V,
+     r"segments\[0\]: operands sfa and sfb must be None for GEMM kind 0"),
+    ("fp8_quant_rows", "parts not dividing x's columns", _set(parts=3), V,
+     "parts: expected a divisor of x's 272 columns"),
+    ("fp8_quant_rows", "q without the padding", _set(q=lambda d: _f8(d, R, 272)), V,
+     r"q: expected shape \(rows, parts \* ceil\(P/128\) \* 128\)"),
+    ("fp8_quant_rows", "bf16 q", _set(q=lambda d: _b16(d, R, 512)), TE,
+     "q: expected dtype torch.float8_e4m3fn, got torch.bfloat16"),
+    ("fp8_quant_rows", "scales per part of 128 columns short", _set(scales=lambda d: _z(d, R, 3)), V,
+     r"scales: expected shape \(rows, parts \* ceil\(P/128\)\)"),
+    ("fp8_quant_blocks", "q without the padding", _set(q=lambda d: _f8(d, E, 136, 16)), V,
+     "q: expected 136 rows of at least offset"),
+    ("fp8_quant_blocks", "s for other experts", _set(s=lambda d: _z(d, E - 1, 2, 1)), V,
+     "s: expected 8 experts"),
+    ("fp8_quant_blocks", "qT offset not 16-byte aligned", _set(off_qT=8), V,
+     r"qT: expected 16 rows of at least offset \+ 256 columns \(offset 8"),
+    ("fp8_quant_blocks", "sT too narrow for its offset", _set(off_sT=3), V,
+     r"sT: expected 1 rows of at least offset \+ 2 columns"),
     ("ep_gather_rows", "div 0", _set(div=0), V, "div: expected at least 1"),
     ("ep_scatter_rows", "row_pair shorter than rows", _set(row_pair=lambda d: _i32(d, R - 1)), V,
      "row_pair: expected at least capacity"),

@@ -13,6 +13,19 @@ def test_cpu_tensors_raise_naming_x():
         mok.fast.forward(*(inputs[a] for a in LAYER_ARGS))
 
 
+@pytest.mark.parametrize("precision", ["fp16", "FP8", None, 8])
+def test_a_bad_precision_is_named_before_anything_else(precision):
+    inputs = make_inputs(MoEConfig(T=4, H=16, I=8, E=2, K=1, S=8), seed=0)
+    with pytest.raises(ValueError, match=r"^precision: expected one of \('bf16', 'fp8'\)"):
+        mok.fast.forward(*(inputs[a] for a in LAYER_ARGS), precision=precision)
+
+
+def test_fp8_takes_the_same_input_checks():
+    inputs = make_inputs(MoEConfig(T=4, H=16, I=8, E=2, K=1, S=8), seed=0)
+    with pytest.raises(ValueError, match="^x: expected a CUDA tensor"):
+        mok.fast.forward(*(inputs[a] for a in LAYER_ARGS), precision="fp8")
+
+
 def test_missing_nvcc_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("CUDA_HOME", "/nonexistent")
     monkeypatch.setattr(_build.shutil, "which", lambda name: None)

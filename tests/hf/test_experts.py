@@ -338,9 +338,26 @@ def test_register_other_settings_and_bad_arguments():
         assert_bitwise_equal(p.grad, q.grad, n)
     with pytest.raises(ValueError, match="backend: expected one of"):
         mok.hf.register("x", backend="cuda")
+    with pytest.raises(ValueError, match=r"^precision: expected one of \('bf16', 'fp8'\)"):
+        mok.hf.register("x", precision="e4m3")
     with pytest.raises(TypeError, match="hidden_states: expected dtype"):
         ALL_EXPERTS_FUNCTIONS["mok"](m.model.layers[0].mlp.experts, torch.zeros(2, H, dtype=torch.float16),
                                      torch.zeros(2, 2, dtype=torch.long), torch.ones(2, 2))
+
+
+def test_fp8_experts_run_the_fp8_recipe():
+    """precision="fp8": the block's experts are the reference's fp8 layer (not the bf16 one), bit for bit."""
+    mok.hf.register("mok_fp8", backend="reference", precision="fp8")
+    experts = _model("olmoe", layers=1).model.layers[0].mlp.experts
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, H, generator=gen).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(6)])
+    w = torch.rand(6, 2, generator=gen)
+    got = ALL_EXPERTS_FUNCTIONS["mok_fp8"](experts, x, idx, w)
+    gate_up, down = experts.gate_up_proj.detach().to(torch.bfloat16), experts.down_proj.detach().to(torch.bfloat16)
+    want = ops.moe_gate_up(x, idx, w, None, None, gate_up, down, precision="fp8")
+    assert_bitwise_equal(got, want, "fp8 experts")
+    assert not torch.equal(got, ALL_EXPERTS_FUNCTIONS["mok"](experts, x, idx, w))
 
 
 @pytest.mark.parametrize("family, features", [

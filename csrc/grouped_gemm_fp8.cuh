@@ -1,0 +1,215 @@
+// Grouped (ptr-array) FP8 GEMM with block scales on sm_90a through CUTLASS's blockwise-scaled mainloop
+// (KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise): A [M, K] and B [N, K] e4m3, both K-major, A scaled per
+// row and 128 columns of K, B per 128x128 block, both scale tensors K-major, the layout of the FP8 recipe's
+// quantisers (csrc/fp8_quant.cu). For each K block of 128 the wgmma products are summed into a fresh fp32
+// accumulator, which is then multiplied by sfa * sfb (powers of two: exact) and added to the running one, K blocks in
+// order. One fixed tile (128x128x128, 1x2 clusters), one CTA per output tile walking its whole K range (no split-K,
+// no atomics): bitwise reproducible and batch invariant, like grouped_gemm.cuh's kinds, whose segments and
+// per-group argument arrays this reuses (MokSegment operands a, b, d and sfa, sfb).
+#pragma once
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "grouped_gemm.cuh"
+
+namespace mok {
+
+template <class ElementD_>
+struct GroupedGemmFp8 {
+  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+  using ElementA = cutlass::float_e4m3_t;
+  using ElementB = cutlass::float_e4m3_t;
+  using ElementD = ElementD_;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int AlignAB = 16;
+  static constexpr int AlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  using TileShape = Shape<_128, _128, _128>;
+  using ClusterShape = Shape<_1, _2, _1>;
+  // Scale granularity 1 x 128 for A (per row), 128 x 128 for B; both K-major.
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
+                                                                cute::GMMA::Major::K>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, AlignD, ElementD, LayoutD*,
+      AlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>, AlignAB,
+      ElementB, cute::tuple<LayoutB*, LayoutSFB*>, AlignAB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  static_assert(sizeof(typename GemmKernel::SharedStorage) <= cutlass::gemm::collective::detail::sm90_smem_capacity_bytes,
+                "the kernel's shared memory exceeds the SM's");
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using StrideA = typename GemmKernel::InternalStrideA;
+  using StrideB = typename GemmKernel::InternalStrideB;
+  using StrideD = typename GemmKernel::InternalStrideD;
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+
+  struct Arrays {  // device-side argument arrays, carved from the front of the workspace
+    Shape3* shapes;
+    const ElementA** a;
+    const ElementB** b;
+    ElementD** d;
+    const float** sfa;
+    const float** sfb;
+    StrideA* sa;
+    StrideB* sb;
+    StrideD* sd;
+    LayoutSFA* lsfa;  // not read by the kernel (it derives each group's scale layout from its M, N, K)
+    LayoutSFB* lsfb;
+  };
+
+  static size_t align16(size_t n) { return (n + 15) & ~size_t(15); }
+  static size_t arrays_bytes(int g) {
+    return align16(g * sizeof(Shape3)) + 5 * align16(g * sizeof(void*)) + align16(g * sizeof(StrideA)) +
+           align16(g * sizeof(StrideB)) + align16(g * sizeof(StrideD)) + align16(g * sizeof(LayoutSFA)) +
+           align16(g * sizeof(LayoutSFB));
+  }
+  static Arrays carve(void* ws, int g) {
+    char* p = static_cast<char*>(ws);
+    Arrays r;
+    r.shapes = reinterpret_cast<Shape3*>(p); p += align16(g * sizeof(Shape3));
+    r.a = reinterpret_cast<const ElementA**>(p); p += align16(g * sizeof(void*));
+    r.b = reinterpret_cast<const ElementB**>(p); p += align16(g * sizeof(void*));
+    r.d = reinterpret_cast<ElementD**>(p); p += align16(g * sizeof(void*));
+    r.sfa = reinterpret_cast<const float**>(p); p += align16(g * sizeof(void*));
+    r.sfb = reinterpret_cast<const float**>(p); p += align16(g * sizeof(void*));
+    r.sa = reinterpret_cast<StrideA*>(p); p += align16(g * sizeof(StrideA));
+    r.sb = reinterpret_cast<StrideB*>(p); p += align16(g * sizeof(StrideB));
+    r.sd = reinterpret_cast<StrideD*>(p); p += align16(g * sizeof(StrideD));
+    r.lsfa = reinterpret_cast<LayoutSFA*>(p); p += align16(g * sizeof(LayoutSFA));
+    r.lsfb = reinterpret_cast<LayoutSFB*>(p);
+    return r;
+  }
+
+  static typename Gemm::Arguments make_args(Arrays arr, int groups, int device) {
+    typename GemmKernel::EpilogueArguments epi{};
+    epi.thread.alpha = 1.0f;
+    epi.thread.beta = 0.0f;
+    epi.thread.alpha_ptr = nullptr;
+    epi.thread.beta_ptr = nullptr;
+    epi.ptr_C = nullptr;
+    epi.dC = arr.sd;
+    epi.ptr_D = arr.d;
+    epi.dD = arr.sd;
+    return typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                    {groups, arr.shapes, nullptr},
+                                    {arr.a, arr.sa, arr.b, arr.sb, arr.sfa, arr.lsfa, arr.sfb, arr.lsfb},
+                                    epi,
+                                    hw_info(device)};
+  }
+
+  static cutlass::KernelHardwareInfo hw_info(int device) {
+    static std::mutex mu;
+    static int sms[64] = {0};
+    std::lock_guard<std::mutex> lock(mu);
+    if (sms[device] == 0) sms[device] = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = device;
+    hw.sm_count = sms[device];
+    return hw;
+  }
+
+  static size_t workspace_bytes(int groups, int device) {
+    Arrays dummy{};
+    auto args = make_args(dummy, groups, device);
+    return arrays_bytes(groups) + align16(Gemm::get_workspace_size(args)) + 256;
+  }
+};
+
+template <class G>
+__global__ void fill_group_args_fp8(typename G::Arrays arr, SegmentList segs) {
+  int g = blockIdx.x * blockDim.x + threadIdx.x;
+  int e = g, j = 0;
+  while (j < segs.n && e >= segs.s[j].num_groups) { e -= segs.s[j].num_groups; ++j; }
+  if (j >= segs.n) return;
+  const MokSegment& s = segs.s[j];
+  int64_t off = 0;
+  int rows = s.fixed_rows;
+  if (s.offsets != nullptr) {
+    off = s.offsets[e];
+    rows = s.offsets[e + 1] - s.offsets[e];
+  }
+  const int m = rows > 0 ? rows : 0, n = s.n, k = s.k;
+  arr.shapes[g] = typename G::Shape3(m, n, k);
+  auto at = [&](const MokOperand& o) { return o.offset + e * o.expert_stride + off * o.row_stride; };
+  arr.a[g] = static_cast<const typename G::ElementA*>(s.a.base) + at(s.a);
+  arr.b[g] = static_cast<const typename G::ElementB*>(s.b.base) + at(s.b);
+  arr.d[g] = static_cast<typename G::ElementD*>(s.d.base) + at(s.d);
+  arr.sfa[g] = static_cast<const float*>(s.sfa.base) + at(s.sfa);
+  arr.sfb[g] = static_cast<const float*>(s.sfb.base) + at(s.sfb);
+  arr.sa[g] = stride_with_ld<typename G::StrideA>(s.a.ld);
+  arr.sb[g] = stride_with_ld<typename G::StrideB>(s.b.ld);
+  arr.sd[g] = stride_with_ld<typename G::StrideD>(s.d.ld);
+  arr.lsfa[g] = G::ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1));
+  arr.lsfb[g] = G::ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
+}
+
+template <class G>
+int run_grouped_fp8(const MokSegment* segs, int n_segs, void* workspace, size_t ws_bytes, int device,
+                    cudaStream_t stream) {
+  if (n_segs < 1 || n_segs > MOK_MAX_SEGMENTS)
+    return set_error("n_segs %d not in [1, %d]", n_segs, MOK_MAX_SEGMENTS);
+  SegmentList list{};
+  list.n = n_segs;
+  int groups = 0;
+  for (int j = 0; j < n_segs; ++j) {
+    const MokSegment& s = segs[j];
+    list.s[j] = s;
+    groups += s.num_groups;
+    if (s.sfa.base == nullptr || s.sfb.base == nullptr)
+      return set_error("segment %d: the FP8 kinds need operands sfa and sfb (the block scales)", j);
+    if (s.aux.base != nullptr || s.b_up.base != nullptr)
+      return set_error("segment %d: the FP8 kinds have no operand aux or b_up", j);
+    if (s.rows_dim != 0 || s.k % 128 != 0 || s.k < 128 || s.a.ld % 16 != 0 || s.b.ld % 16 != 0 ||
+        s.d.ld % G::AlignD != 0 || s.n % G::AlignD != 0)
+      return set_error("segment %d: the FP8 kinds need rows as M, k = %d a positive multiple of 128, A's and B's ld "
+                       "multiples of 16 and D's ld and n = %d multiples of %d", j, s.k, s.n, G::AlignD);
+    const int kb = s.k / 128;
+    if (s.sfa.ld != kb || (s.offsets != nullptr && s.sfa.row_stride != kb) || s.sfb.ld != kb)
+      return set_error("segment %d: the scales must be K-major with ld k / 128 = %d (sfa: one row per row of A), got "
+                       "sfa ld %lld, row_stride %lld, sfb ld %lld", j, kb, static_cast<long long>(s.sfa.ld),
+                       static_cast<long long>(s.sfa.row_stride), static_cast<long long>(s.sfb.ld));
+  }
+  size_t need = G::workspace_bytes(groups, device);
+  if (ws_bytes < need) return set_error("workspace %zu bytes < %zu needed", ws_bytes, need);
+  auto arr = G::carve(workspace, groups);
+  fill_group_args_fp8<G><<<(groups + 127) / 128, 128, 0, stream>>>(arr, list);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return set_error("fill_group_args_fp8: %s", cudaGetErrorString(err));
+  auto args = G::make_args(arr, groups, device);
+  if (!tile_order(args.scheduler))
+    return set_error("MOK_FAST_GEMM_RASTER / MOK_FAST_GEMM_SWIZZLE: expected M or N / 1, 2, 4 or 8");
+  char* cutlass_ws = static_cast<char*>(workspace) + G::arrays_bytes(groups);
+  cutlass_ws = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(cutlass_ws) + 127) & ~uintptr_t(127));
+  typename G::Gemm gemm;
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess) return set_error("cutlass can_implement: %s", cutlassGetStatusString(st));
+  st = gemm.initialize(args, cutlass_ws, stream);
+  if (st != cutlass::Status::kSuccess) return set_error("cutlass initialize: %s", cutlassGetStatusString(st));
+  st = gemm.run(stream);
+  if (st != cutlass::Status::kSuccess) return set_error("cutlass run: %s", cutlassGetStatusString(st));
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return set_error("fp8 grouped gemm launch: %s", cudaGetErrorString(err));
+  return 0;
+}
+
+}  // namespace mok
+
+// NAME's entry points (one tile whatever the variant) for D type ED.
+#define MOK_DEFINE_FP8_KIND(NAME, ED)                                                                   \
+  namespace mok {                                                                                       \
+  size_t NAME##_workspace_bytes(int, int groups, int device) {                                          \
+    return GroupedGemmFp8<ED>::workspace_bytes(groups, device);                                         \
+  }                                                                                                     \
+  int NAME##_run(int, const MokSegment* segs, int n_segs, void* ws, size_t ws_bytes, int device,        \
+                 cudaStream_t stream) {                                                                 \
+    return run_grouped_fp8<GroupedGemmFp8<ED>>(segs, n_segs, ws, ws_bytes, device, stream);             \
+  }                                                                                                     \
+  }
