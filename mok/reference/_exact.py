@@ -14,9 +14,12 @@ from ._validate import _device, _tensor
 
 CONTRACT_VERSION = 1
 
-# Rows per chunk are chosen so a chunk's exact-product tensor stays near this many elements.
-# Chunking splits independent output rows only; it never changes a reduction, so no bits.
-_CHUNK_ELEMS = 1 << 24
+# How the tree sums are computed (no bit depends on it): the products of one chunk of outputs are written
+# reduction-axis-major into one preallocated fp32 buffer p [D, ...], and each level of the tree is one in-place
+# elementwise add of its two contiguous halves, p[:h] += p[h:2h] (plus a copy of the carried term), so no level
+# allocates, concatenates or strides. Chunks split independent outputs only, never a reduction, so they change no
+# bit; a chunk's products stay near this many elements (CPU: about an L2 cache; CUDA: few, large launches).
+_CHUNK_ELEMS = {"cpu": 1 << 19, "cuda": 1 << 24}
 
 
 def _float32(name: str, t) -> None:
@@ -25,6 +28,31 @@ def _float32(name: str, t) -> None:
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.float32:
         raise TypeError(f"{name}: expected dtype torch.float32, got {t.dtype}")
+
+
+def _chunk_elems(device: torch.device) -> int:
+    return _CHUNK_ELEMS.get(device.type, _CHUNK_ELEMS["cuda"])
+
+
+def _tree_reduce_(p_D: torch.Tensor, n: int) -> torch.Tensor:
+    """Reduce p_D[0:n] over dim 0 with the contract's tree, in place; returns the result p_D[0] (a view).
+
+    One level: p[i] += p[h + i] for i < h = n // 2 (one elementwise add of two contiguous halves when p is
+    contiguous), then, if n is odd, p[h] = p[2h]; n <- h + n % 2. Needs n >= 1; p_D[n:] is not read.
+
+    Args:
+        p_D: [>= n, ...] any dtype; overwritten.
+        n: the number of terms, >= 1.
+    Returns:
+        p_D[0], shape p_D.shape[1:].
+    """
+    while n > 1:
+        h = n // 2
+        p_D[:h].add_(p_D[h : 2 * h])
+        if n % 2:
+            p_D[h].copy_(p_D[2 * h])
+        n = h + n % 2
+    return p_D[0]
 
 
 def tree_sum(p: torch.Tensor, dim: int) -> torch.Tensor:
@@ -39,7 +67,7 @@ def tree_sum(p: torch.Tensor, dim: int) -> torch.Tensor:
             at least 1 dimension.
         dim: the axis to reduce, an int in [-p.dim(), p.dim()).
     Returns:
-        `p`'s shape without `dim`, float32.
+        `p`'s shape without `dim`, float32; a new tensor (never a view of `p`).
     """
     if not isinstance(p, torch.Tensor):
         raise TypeError(f"p: expected a torch.Tensor, got {type(p).__name__}")
@@ -50,18 +78,57 @@ def tree_sum(p: torch.Tensor, dim: int) -> torch.Tensor:
     if not -p.dim() <= dim < p.dim():
         raise ValueError(f"dim: expected an int in [{-p.dim()}, {p.dim()}) for p of shape {tuple(p.shape)}, "
                          f"got {dim}")
-    dim = dim % p.dim()
-    n = p.shape[dim]
-    if n == 0:
-        shape = list(p.shape)
-        del shape[dim]
-        return torch.zeros(shape, dtype=p.dtype, device=p.device)
+    p_N = p.movedim(dim, 0)
+    n = p_N.shape[0]
+    if n <= 1:
+        return p_N[0].clone() if n else torch.zeros(p_N.shape[1:], dtype=p.dtype, device=p.device)
+    # the first level out of place into a new contiguous tensor (p stays untouched), the rest in place on it;
+    # under autograd every level out of place (the same adds, so the same bits)
+    h = n // 2
+    v_N = torch.cat([p_N[:h] + p_N[h : 2 * h], p_N[2 * h :]]) if n % 2 else p_N[:h] + p_N[h : 2 * h]
+    if p.requires_grad and torch.is_grad_enabled():
+        return _tree_sum_differentiable(v_N, h + n % 2)
+    return _tree_reduce_(v_N, h + n % 2)
+
+
+def _tree_sum_differentiable(v_N: torch.Tensor, n: int) -> torch.Tensor:
+    """`_tree_reduce_`'s levels on v_N [n, ...] with out-of-place ops (autograd records them); returns v_N's sum."""
     while n > 1:
         h = n // 2
-        head = p.narrow(dim, 0, h) + p.narrow(dim, h, h)
-        p = torch.cat([head, p.narrow(dim, 2 * h, 1)], dim) if n % 2 else head
+        head = v_N[:h] + v_N[h : 2 * h]
+        v_N = torch.cat([head, v_N[2 * h : 2 * h + 1]]) if n % 2 else head
         n = h + n % 2
-    return p.squeeze(dim)
+    return v_N[0]
+
+
+def _tree_dot(a_DM: torch.Tensor, b_DN: torch.Tensor) -> torch.Tensor:
+    """c[m, n] = tree over d of a[d, m] * b[d, n]: exact products, the contract's tree over D.
+
+    Per chunk of outputs [m0:m1, n0:n1], the products go into one buffer p [D, m1 - m0, n1 - n0] (one
+    broadcast multiply) and `_tree_reduce_` sums them in place, level by level over whole slabs.
+
+    Args:
+        a_DM: [D, M] float32. b_DN: [D, N] float32, same device (unchecked: callers validate).
+    Returns:
+        [M, N] float32; +0.0 where D = 0.
+    """
+    D, M = a_DM.shape
+    N = b_DN.shape[1]
+    out_MN = torch.zeros(M, N, dtype=torch.float32, device=a_DM.device)
+    if D == 0 or M == 0 or N == 0:
+        return out_MN
+    budget = _chunk_elems(a_DM.device)
+    cols = min(N, max(1, budget // D))
+    rows = min(M, max(1, budget // (D * cols)))
+    buf = torch.empty(D * rows * cols, dtype=torch.float32, device=a_DM.device)
+    for m0 in range(0, M, rows):
+        m1 = min(M, m0 + rows)
+        for n0 in range(0, N, cols):
+            n1 = min(N, n0 + cols)
+            p_DMN = buf[: D * (m1 - m0) * (n1 - n0)].view(D, m1 - m0, n1 - n0)
+            torch.mul(a_DM[:, m0:m1, None], b_DN[:, None, n0:n1], out=p_DMN)
+            out_MN[m0:m1, n0:n1] = _tree_reduce_(p_DMN, D)
+    return out_MN
 
 
 def matmul_exact(a_MD: torch.Tensor, b_ND: torch.Tensor) -> torch.Tensor:
@@ -75,18 +142,11 @@ def matmul_exact(a_MD: torch.Tensor, b_ND: torch.Tensor) -> torch.Tensor:
     """
     _tensor("a_MD", a_MD, torch.bfloat16, 2)
     _tensor("b_ND", b_ND, torch.bfloat16, 2)
-    M, D = a_MD.shape
-    N = b_ND.shape[0]
+    D = a_MD.shape[1]
     if b_ND.shape[1] != D:
         raise ValueError(f"b_ND: expected shape (N, {D}) with D = a_MD.shape[1], got {tuple(b_ND.shape)}")
     _device("b_ND", b_ND, a_MD.device, "a_MD")
-    b = b_ND.float()
-    out = torch.empty(M, N, dtype=torch.float32, device=a_MD.device)
-    rows = max(1, _CHUNK_ELEMS // max(1, N * D))
-    for m0 in range(0, M, rows):
-        a = a_MD[m0 : m0 + rows].float()
-        out[m0 : m0 + rows] = tree_sum(a[:, None, :] * b[None, :, :], dim=2)
-    return out
+    return _tree_dot(a_MD.t().contiguous().float(), b_ND.t().contiguous().float())
 
 
 def rows_outer_sum(a_RM: torch.Tensor, b_RN: torch.Tensor) -> torch.Tensor:
@@ -102,18 +162,11 @@ def rows_outer_sum(a_RM: torch.Tensor, b_RN: torch.Tensor) -> torch.Tensor:
     """
     _tensor("a_RM", a_RM, torch.bfloat16, 2)
     _tensor("b_RN", b_RN, torch.bfloat16, 2)
-    R, M = a_RM.shape
-    N = b_RN.shape[1]
+    R = a_RM.shape[0]
     if b_RN.shape[0] != R:
         raise ValueError(f"b_RN: expected shape ({R}, N) with R = a_RM.shape[0], got {tuple(b_RN.shape)}")
     _device("b_RN", b_RN, a_RM.device, "a_RM")
-    a = a_RM.float()
-    b = b_RN.float()
-    out = torch.empty(M, N, dtype=torch.float32, device=a_RM.device)
-    cols = max(1, _CHUNK_ELEMS // max(1, R * N))
-    for m0 in range(0, M, cols):
-        out[m0 : m0 + cols] = tree_sum(a[:, m0 : m0 + cols, None] * b[:, None, :], dim=0)
-    return out
+    return _tree_dot(a_RM.contiguous().float(), b_RN.contiguous().float())
 
 
 def rowwise_dot(a_TH: torch.Tensor, b_TKH: torch.Tensor) -> torch.Tensor:
@@ -131,7 +184,20 @@ def rowwise_dot(a_TH: torch.Tensor, b_TKH: torch.Tensor) -> torch.Tensor:
     if b_TKH.shape[0] != T or b_TKH.shape[2] != H:
         raise ValueError(f"b_TKH: expected shape ({T}, K, {H}) with (T, H) = a_TH.shape, got {tuple(b_TKH.shape)}")
     _device("b_TKH", b_TKH, a_TH.device, "a_TH")
-    return tree_sum(a_TH.float()[:, None, :] * b_TKH.float(), dim=2)
+    K = b_TKH.shape[1]
+    out_TK = torch.zeros(T, K, dtype=torch.float32, device=a_TH.device)
+    if H == 0 or T == 0 or K == 0:
+        return out_TK
+    a_HT = a_TH.t().contiguous().float()
+    b_HTK = b_TKH.permute(2, 0, 1).contiguous().float()
+    rows = min(T, max(1, _chunk_elems(a_TH.device) // (H * K)))
+    buf = torch.empty(H * rows * K, dtype=torch.float32, device=a_TH.device)
+    for t0 in range(0, T, rows):
+        t1 = min(T, t0 + rows)
+        p_HTK = buf[: H * (t1 - t0) * K].view(H, t1 - t0, K)
+        torch.mul(a_HT[:, t0:t1, None], b_HTK[:, t0:t1], out=p_HTK)
+        out_TK[t0:t1] = _tree_reduce_(p_HTK, H)
+    return out_TK
 
 
 # exp(x) = 2^n * p(r), x = n*ln2 + r, |r| <= ln2/2 (Cody-Waite split of ln2, so n*LN2_HI is exact).

@@ -295,6 +295,6 @@ def test_products_are_reduced_by_tree_sum():
 def test_chunking_does_not_change_bits(monkeypatch):
     a, b = _bf16(33, 17, seed=11), _bf16(9, 17, seed=12)
     whole_mm, whole_ro = matmul_exact(a, b), rows_outer_sum(a, a[:, :5])
-    monkeypatch.setattr(exact, "_CHUNK_ELEMS", 50)  # forces many row/column chunks
+    monkeypatch.setattr(exact, "_CHUNK_ELEMS", {"cpu": 50, "cuda": 50})  # forces many row/column chunks
     assert_bitwise_equal(matmul_exact(a, b), whole_mm, "matmul_exact chunked")
     assert_bitwise_equal(rows_outer_sum(a, a[:, :5]), whole_ro, "rows_outer_sum chunked")
