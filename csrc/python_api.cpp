@@ -826,10 +826,13 @@ void check_segments(int64_t kind, const std::vector<Segment*>& segments, const a
         {"a", &s.a, 'a'}, {"b", &s.b, 'b'}, {"d", &s.d, 'd'}, {"aux", s.aux ? &*s.aux : nullptr, 'x'},
         {"b_up", s.b_up ? &*s.b_up : nullptr, 'u'}, {"sfa", s.sfa ? &*s.sfa : nullptr, 's'},
         {"sfb", s.sfb ? &*s.sfb : nullptr, 't'}};
+    // A device without an index ("cuda") names the first operand's, as the launch takes it: one device for all.
+    const at::Device a_dev = segments[0]->a.tensor.device();
+    const at::Device want = device.has_index() || a_dev.type() != device.type() ? device : a_dev;
     for (const auto& [which, op, key] : ops) {
       if (op == nullptr) continue;
-      TORCH_CHECK_VALUE(op->tensor.device() == device && op->tensor.is_contiguous(), where, ": operand ", which,
-                        " must be a contiguous tensor on ", device, ", got one on ", op->tensor.device(),
+      TORCH_CHECK_VALUE(op->tensor.device() == want && op->tensor.is_contiguous(), where, ": operand ", which,
+                        " must be a contiguous tensor on ", want, ", got one on ", op->tensor.device(),
                         op->tensor.is_contiguous() ? "" : " with strides " + shape(op->tensor.strides()));
     }
     if (fused) {
