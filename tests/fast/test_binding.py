@@ -420,7 +420,8 @@ def test_no_pointer_arithmetic_in_python():
 
 
 # White-box tests that may import a private reference module, with the reason.
-_PRIVATE_IMPORT_ALLOWED = {"tests/reference/test_exact.py": "patches the chunk size of the private matmul_exact module"}
+_PRIVATE_IMPORT_ALLOWED = {"tests/reference/test_exact.py": "patches the chunk size of the private matmul_exact module",
+                           "tests/reference/test_exact_trees.py": "patches the same chunk size"}
 
 
 _PRIVATE = re.compile(r"mok\.reference\._\w+")
