@@ -1,19 +1,24 @@
 """Training torchtitan's debug MoE model a few steps, with or without mok (`mok.titan`), the way torchtitan's trainer
 does (its model registry, parallelize function with FSDP2 and expert parallelism, optimizer and load-balancing hook),
-minus the data and tokenizer: tokens are seeded random ids. For mok's tests, example and GPU check; needs torchtitan.
+minus the data and tokenizer: the tokens are bytes of the Python standard library's source. For mok's tests, example and GPU check; needs torchtitan.
 
-On the CPU two things differ from a GPU run, neither inside the MoE layers: torchtitan's meshes are built on "cpu"
-(torchtitan assumes "cuda" when no accelerator is present), and the attention is torchtitan's SDPA module (its
-FlexAttention has no CPU backward).
+Two things differ from torchtitan's own runs, neither inside the MoE layers: the attention is torchtitan's SDPA module
+on PyTorch's math backend (`MathAttention`: its FlexAttention has no CPU backward, and the flash and cuDNN backward
+kernels are not deterministic), and on the CPU torchtitan's meshes are built on "cpu" (`use_cpu_meshes`) and FSDP
+reduces gradients with SUM (gloo has no PREMUL_SUM; torchtitan's FSDP gradients are sums already).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import sysconfig
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend
 
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig, derive
 from torchtitan.distributed import ParallelDims
@@ -44,9 +49,20 @@ class Setup:
     spmd_backend: str = "spmd_types"
 
 
+class MathAttention(ScaledDotProductAttention):
+    """torchtitan's SDPA attention on PyTorch's math backend only: runs on the CPU (forward and backward) and is
+    deterministic on the GPU."""
+
+    sdpa_backends = [SDPBackend.MATH]
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ScaledDotProductAttention.Config):
+        pass
+
+
 class Float64RoutedExperts(RoutedExperts):
-    """torchtitan's routed experts evaluated in float64, token by token: Σ_k score_k · w2(silu(w1 x) * w3 x) with
-    the weights and x as they are (the float64 evaluation the 2x rule measures against)."""
+    """torchtitan's routed experts evaluated in float64: Σ_k score_k · w2(silu(w1 x) * w3 x) per token, expert by
+    expert, with the weights and x as they are (the float64 evaluation the 2x rule measures against)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(RoutedExperts.Config):
@@ -54,17 +70,20 @@ class Float64RoutedExperts(RoutedExperts):
 
     def forward(self, x_BLD: Tensor, topk_scores_BLK: Tensor, topk_expert_ids_BLK: Tensor,
                 num_local_tokens_per_expert_E: Tensor) -> Tensor:
-        """x_BLD [B, L, D] float64; topk_scores_BLK [B, L, K] any float; topk_expert_ids_BLK [B, L, K] int64.
-        Returns [B, L, D] float64."""
+        """x_BLD [B, L, D] float64; topk_scores_BLK [B, L, K] any float; topk_expert_ids_BLK [B, L, K] int64;
+        num_local_tokens_per_expert_E unused. Returns [B, L, D] float64."""
         e = self.inner_experts
-        w1, w2, w3 = (w.double() for w in (e.w1_EFD, e.w2_EDF, e.w3_EFD))
-        x = x_BLD.double()
-        y = torch.zeros_like(x)
-        for k in range(topk_expert_ids_BLK.shape[-1]):
-            idx = topk_expert_ids_BLK[..., k]
-            h = F.silu(torch.einsum("bld,blfd->blf", x, w1[idx])) * torch.einsum("bld,blfd->blf", x, w3[idx])
-            y = y + topk_scores_BLK[..., k:k + 1].double() * torch.einsum("blf,bldf->bld", h, w2[idx])
-        return y
+        w_gate_LIH, w_down_LHI, w_up_LIH = (w.double() for w in (e.w1_EFD, e.w2_EDF, e.w3_EFD))
+        D, K = x_BLD.shape[-1], topk_expert_ids_BLK.shape[-1]
+        x_TD = x_BLD.double().reshape(-1, D)
+        ids_TK, s_TK = topk_expert_ids_BLK.reshape(-1, K), topk_scores_BLK.double().reshape(-1, K)
+        y_TD = torch.zeros_like(x_TD)
+        for expert in range(w_gate_LIH.shape[0]):
+            t, k = (ids_TK == expert).nonzero(as_tuple=True)
+            x = x_TD[t]
+            h = F.silu(x @ w_gate_LIH[expert].T) * (x @ w_up_LIH[expert].T)
+            y_TD = y_TD.index_add(0, t, s_TK[t, k, None] * (h @ w_down_LHI[expert].T))
+        return y_TD.view(x_BLD.shape)
 
 
 def use_cpu_meshes() -> None:
@@ -75,7 +94,7 @@ def use_cpu_meshes() -> None:
 
 
 def model_spec(setup: Setup):
-    """torchtitan's ModelSpec of the setup's debug model, its experts chosen, attention SDPA off the GPU."""
+    """torchtitan's ModelSpec of the setup's debug model, its experts chosen, its attention `MathAttention`."""
     import importlib
 
     if setup.model not in FLAVORS:
@@ -84,9 +103,8 @@ def model_spec(setup: Setup):
     spec = registry(FLAVORS[setup.model])
     cfg = spec.model
     cfg.layers = cfg.layers[:setup.n_layers]
-    if not torch.cuda.is_available():
-        for _fqn, _c, parent, attr in list(cfg.traverse(FlexAttention.Config)):
-            setattr(parent, attr, ScaledDotProductAttention.Config())
+    for _fqn, _c, parent, attr in list(cfg.traverse(FlexAttention.Config)):
+        setattr(parent, attr, MathAttention.Config())
     if setup.experts == "float64":
         for _fqn, c, parent, attr in list(cfg.traverse(RoutedExperts.Config)):
             setattr(parent, attr, derive(c, Float64RoutedExperts.Config))
@@ -134,11 +152,28 @@ def build(setup: Setup, dims: ParallelDims, device: str):
     return model, spec
 
 
+@functools.lru_cache(maxsize=1)
+def _text(n_bytes: int = 1 << 20) -> Tensor:
+    """The Python standard library's own source as bytes (a learnable token stream, nothing downloaded): uint8
+    [n_bytes], files in name order, repeated if short."""
+    root, parts, n = sysconfig.get_paths()["stdlib"], [], 0
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".py") and n < n_bytes:
+            with open(os.path.join(root, name), "rb") as f:
+                parts.append(f.read())
+            n += len(parts[-1])
+    data = b"".join(parts)
+    data = data * (n_bytes // max(1, len(data)) + 1)
+    return torch.frombuffer(bytearray(data[:n_bytes]), dtype=torch.uint8)
+
+
 def tokens(setup: Setup, step: int, rank: int) -> Tensor:
-    """[batch, seq_len + 1] int64 seeded token ids of one rank's step (inputs are [:, :-1], labels [:, 1:])."""
-    g = torch.Generator().manual_seed(1000 * setup.seed + 100 * step + rank)
-    vocab = 2048  # the debug models' vocabulary
-    return torch.randint(0, vocab, (setup.batch, setup.seq_len + 1), generator=g)
+    """[batch, seq_len + 1] int64 token ids (bytes < the debug models' vocabulary of 2048) of one rank's step:
+    windows of `_text` at offsets seeded by (seed, step, rank). Inputs are [:, :-1], labels [:, 1:]."""
+    text = _text()
+    g = torch.Generator().manual_seed(1_000_003 * setup.seed + 1009 * step + rank)
+    starts = torch.randint(0, text.numel() - setup.seq_len - 1, (setup.batch,), generator=g).tolist()
+    return torch.stack([text[s:s + setup.seq_len + 1] for s in starts]).long()
 
 
 def loss_of(model, dims: ParallelDims, tok: Tensor, device: str) -> Tensor:

@@ -15,6 +15,7 @@ from torchtitan.models.common.moe import GroupedExperts, RoutedExperts
 from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher, LocalTokenDispatcher
 from torchtitan.protocols.model import ModelConfigConverter
 
+from ..nn import backend as _backend
 from .experts import MokRoutedExperts
 
 # dispatchers whose semantics mok's dropless dispatch keeps (the others pad, drop by capacity or run their own
@@ -44,10 +45,15 @@ def to_mok(config: RoutedExperts.Config, *, backend: str = "auto", recompute: bo
         backend: "auto" (the CUDA fast path on an H100/H200, else the bit-exact reference), "reference" or "fast".
         recompute: save only the layer's inputs and run its forward again in backward.
     Raises:
-        TypeError for anything but a RoutedExperts.Config; NotImplementedError naming what mok does not compute.
+        TypeError for anything but a RoutedExperts.Config or a non-bool recompute; ValueError for an unknown backend;
+        NotImplementedError naming what mok does not compute.
     """
     if not isinstance(config, RoutedExperts.Config):
         raise TypeError(f"config: expected a torchtitan RoutedExperts.Config, got {type(config).__qualname__}")
+    if backend not in _backend.CHOICES:
+        raise ValueError(f"backend: expected one of {_backend.CHOICES}, got {backend!r}")
+    if not isinstance(recompute, bool):
+        raise TypeError(f"recompute: expected a bool, got {recompute!r}")
     if isinstance(config, MokRoutedExperts.Config):
         return derive(config, MokRoutedExperts.Config, backend=backend, recompute=recompute)
     missing = unsupported(config)
