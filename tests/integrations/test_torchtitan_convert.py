@@ -27,12 +27,23 @@ def _routed(model_config):
     return [c for _fqn, c, _p, _a in model_config.traverse(RoutedExperts.Config)]
 
 
-def test_override_replaces_every_routed_experts_config():
-    cfg = model_registry("debugmodel").model
-    apply_overrides(OverrideConfig(imports=[("mok.titan.mok_experts", {"backend": "reference"})]), cfg)
-    routed = _routed(cfg)
-    assert len(routed) == MOE_LAYERS
+def test_the_command_line_override_replaces_every_routed_experts_config():
+    """What `torchrun -m torchtitan.train --module deepseek_v3 --config ... --override.imports ...` does before
+    building: torchtitan's own parser, then its override pass over the trainer's config tree."""
+    from torchtitan.config.manager import ConfigManager
+
+    cfg = ConfigManager().parse_args(["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",
+                                      "--override.imports", 'mok.titan.mok_experts={"backend": "reference"}'])
+    lines = apply_overrides(cfg.override, cfg)
+    routed = _routed(cfg.model_spec.model)
+    assert len(lines) == len(routed) == MOE_LAYERS
     assert all(type(c) is MokRoutedExperts.Config and c.backend == "reference" for c in routed)
+
+
+def test_the_override_on_a_model_config_defaults_to_auto():
+    cfg = model_registry("debugmodel").model
+    apply_overrides(OverrideConfig(imports=["mok.titan.mok_experts"]), cfg)
+    assert [c.backend for c in _routed(cfg)] == ["auto"] * MOE_LAYERS
 
 
 def test_converter_and_convert_keep_torchtitans_parameters():
