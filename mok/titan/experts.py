@@ -50,9 +50,10 @@ def _local(name: str, w: Tensor) -> Tensor:
 
 def _check_routing(topk_scores_BLK: Tensor, topk_expert_ids_BLK: Tensor, x_BLD: Tensor) -> None:
     """Dtypes and shapes of the router's outputs, named as torchtitan names them."""
-    if x_BLD.dim() != 3 or x_BLD.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"x_BLD: expected a [B, L, D] float32 or bfloat16 tensor, got {x_BLD.dtype} "
-                         f"{tuple(x_BLD.shape)}")
+    if x_BLD.dim() != 3:
+        raise ValueError(f"x_BLD: expected 3 dimensions [B, L, D], got shape {tuple(x_BLD.shape)}")
+    if x_BLD.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"x_BLD: expected dtype torch.float32 or torch.bfloat16, got {x_BLD.dtype}")
     if topk_expert_ids_BLK.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"topk_expert_ids_BLK: expected int64 or int32 expert ids, got {topk_expert_ids_BLK.dtype}")
     if topk_scores_BLK.dtype not in _SCORE_DTYPES:

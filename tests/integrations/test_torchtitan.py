@@ -78,13 +78,14 @@ def _two_processes(rank, world_size, group, tmp):
     ep = dataclasses.replace(TWO, ep=2)
     a = titan.train(ep, rank, world_size, save_to=os.path.join(tmp, "ep"))
     b = titan.train(ep, rank, world_size)
-    fsdp = titan.train(dataclasses.replace(TWO, steps=1), rank, world_size)
+    fsdp = titan.train(dataclasses.replace(TWO, steps=1), rank, world_size)  # torchtitan's FSDP-only mesh
     loaded = titan.train(dataclasses.replace(TWO, experts="titan", steps=0), rank, world_size,
                          load_from=os.path.join(tmp, "ep"))
     return {
         "rerun": titan.bit_mismatches({"losses": b["losses"], **b["params"], **b["buffers"]},
                                       {"losses": a["losses"], **a["params"], **a["buffers"]}, "mok ep=2 rerun"),
         "ep_vs_fsdp": titan.bit_mismatches({"loss": a["losses"][0]}, {"loss": fsdp["losses"][0]}, "ep=2 vs fsdp"),
+        "grads_ep_vs_fsdp": titan.errors(a["grads0"], fsdp["grads0"]),
         "loaded": titan.bit_mismatches({**loaded["params0"], **loaded["buffers"]}, {**a["params"], **a["buffers"]},
                                        "saved with mok ep=2, loaded without mok on fsdp"),
         "losses": a["losses"],
@@ -147,6 +148,18 @@ def test_expert_parallel_runs_are_bitwise_identical(two):
 def test_expert_parallel_first_loss_is_the_fsdp_runs(two):
     for rank, r in enumerate(two):
         assert not r["ep_vs_fsdp"], f"rank {rank}: {r['ep_vs_fsdp']}"
+
+
+@pytest.mark.slow
+def test_expert_parallel_gradients_are_the_fsdp_runs(two):
+    """The first step's 27 gradients with ep = 2 against the FSDP-only run: the same sums up to their order (the
+    routed experts' are reduced by mok over both ranks' tokens, FSDP's by a reduce-scatter of per-rank sums); a
+    gradient scaled by the expert-parallel degree, or missing a rank's tokens, would be off by 0.5 or more."""
+    for rank, r in enumerate(two):
+        errs = r["grads_ep_vs_fsdp"]
+        assert len(errs) == 27
+        bad = {n: e for n, e in errs.items() if not e < 1e-5}
+        assert not bad, f"rank {rank}: {bad}"
 
 
 @pytest.mark.slow

@@ -142,3 +142,5 @@ def test_bad_arguments_are_named():
         layer(x, s[:, :3], ids[:, :3], counts)
     with pytest.raises(ValueError, match="^x_BLD: "):
         layer(x[0], s, ids, counts)
+    with pytest.raises(TypeError, match="^x_BLD: "):
+        layer(x.double(), s, ids, counts)
