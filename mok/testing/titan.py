@@ -1,6 +1,7 @@
 """Training torchtitan's debug MoE model a few steps, with or without mok (`mok.titan`), the way torchtitan's trainer
 does (its model registry, parallelize function with FSDP2 and expert parallelism, optimizer and load-balancing hook),
-minus the data and tokenizer: the tokens are bytes of the Python standard library's source. For mok's tests, example and GPU check; needs torchtitan.
+minus the data and tokenizer: the tokens are bytes of the Python standard library's source. For mok's tests, example
+and GPU check; needs torchtitan.
 
 Two things differ from torchtitan's own runs, neither inside the MoE layers: the attention is torchtitan's SDPA module
 on PyTorch's math backend (`MathAttention`: its FlexAttention has no CPU backward, and the flash and cuDNN backward

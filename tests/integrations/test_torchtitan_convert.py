@@ -46,19 +46,27 @@ def test_the_override_on_a_model_config_defaults_to_auto():
     assert [c.backend for c in _routed(cfg)] == ["auto"] * MOE_LAYERS
 
 
-def test_converter_and_convert_keep_torchtitans_parameters():
+@pytest.mark.parametrize("module, flavor, moe_layers", [
+    ("deepseek_v3", "debugmodel", MOE_LAYERS),  # 8 experts top-3, 2 shared experts, expert bias
+    ("qwen3", "debugmodel_moe", 8),             # 64 experts top-8, no shared expert
+])
+def test_converter_and_convert_keep_torchtitans_parameters(module, flavor, moe_layers):
+    import importlib
+
+    registry = importlib.import_module(f"torchtitan.models.{module}").model_registry
+
     def params(model_config):
         with torch.device("meta"):
             model = model_config.build()
         return model, {n: (tuple(t.shape), t.dtype) for n, t in model.state_dict().items()}
 
-    ref_model, ref = params(model_registry("debugmodel").model)
-    for cfg in (model_registry("debugmodel", converters=[MokConverter.Config()]).model,
-                mok.titan.convert(model_registry("debugmodel").model, recompute=True)):
+    ref_model, ref = params(registry(flavor).model)
+    for cfg in (registry(flavor, converters=[MokConverter.Config()]).model,
+                mok.titan.convert(registry(flavor).model, recompute=True)):
         model, got = params(cfg)
         assert got == ref  # names (inner_experts.w1_EFD, ...), shapes and dtypes: the same checkpoint keys
         mods = [m for m in model.modules() if isinstance(m, RoutedExperts)]
-        assert len(mods) == MOE_LAYERS and all(type(m) is MokRoutedExperts for m in mods)
+        assert len(mods) == moe_layers and all(type(m) is MokRoutedExperts for m in mods)
     assert sum(isinstance(m, MokRoutedExperts) for m in ref_model.modules()) == 0
 
 
