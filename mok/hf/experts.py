@@ -27,7 +27,6 @@ from ..reference import check_precision
 from ..nn import ops
 
 NAME = "mok"
-_chosen: dict = {}
 
 
 def _is_silu(act) -> bool:
@@ -135,16 +134,7 @@ def _check_inputs(hidden_states, top_k_index, top_k_weights) -> None:
 
 def _pick(requested: str, device: torch.device, H: int, I: int) -> str:
     """The backend for a layer of sizes (H, I) on `device`, chosen (and built) once and logged once."""
-    key = (requested, device, H, I)
-    if key not in _chosen:
-        name, why = _backend.resolve(requested, device, world_size=1, sizes=(H, I, 0))
-        if name == "fast":
-            ok, fail = _backend.ensure_ready(requested)
-            if not ok:
-                name, why = "reference", fail
-        _backend.announce(requested, name, why, device)
-        _chosen[key] = name
-    return _chosen[key]
+    return _backend.pick(requested, device, world_size=1, sizes=(H, I, 0))
 
 
 def _null_experts(gate_up, down, top_k_index, top_k_weights, L: int):

@@ -18,6 +18,7 @@ CHOICES = ("auto", "reference", "fast")
 FAST_EP_PROVEN = True
 log = logging.getLogger("mok")
 _announced: set = set()
+_picked: dict = {}
 
 
 def fast_status(device: torch.device, *, world_size: int = 1, sizes: tuple = ()) -> tuple[bool, str]:
@@ -83,3 +84,20 @@ def announce(requested: str, picked: str, reason: str, device: torch.device) -> 
     _announced.add(key)
     level = logging.WARNING if (requested == "auto" and picked == "reference" and device.type == "cuda") else logging.INFO
     log.log(level, "mok.MoE backend=%r uses %r: %s", requested, picked, reason)
+
+
+def pick(requested: str, device: torch.device, *, world_size: int = 1, sizes: tuple = ()) -> str:
+    """The backend ("reference" | "fast") for a layer on `device` with W = `world_size` and sizes (H, I, S):
+    `resolve`d, the fast path built when chosen (`ensure_ready`: "auto" falls back to the reference if the build
+    fails), logged once (`announce`); chosen once per (requested, device, world_size, sizes) and remembered. For
+    integrations that hold no `mok.MoE` (mok.hf, mok.titan)."""
+    key = (requested, device, world_size, tuple(sizes))
+    if key not in _picked:
+        name, why = resolve(requested, device, world_size=world_size, sizes=sizes)
+        if name == "fast":
+            ok, fail = ensure_ready(requested)
+            if not ok:
+                name, why = "reference", fail
+        announce(requested, name, why, device)
+        _picked[key] = name
+    return _picked[key]
