@@ -59,6 +59,40 @@ inline bool tile_order(SchedulerArgs& sched) {
   return true;
 }
 
+// The SM count CUTLASS's persistent scheduler sizes its grid by, queried once per device.
+inline cutlass::KernelHardwareInfo hw_info(int device) {
+  static std::mutex mu;
+  static int sms[64] = {0};
+  std::lock_guard<std::mutex> lock(mu);
+  if (sms[device] == 0) sms[device] = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = device;
+  hw.sm_count = sms[device];
+  return hw;
+}
+
+// Run one CUTLASS grouped GEMM whose per-group argument arrays take the first `arrays_bytes` of `workspace` (the
+// rest, 128-byte aligned, is CUTLASS's own): the tile order of the environment, can_implement, initialize, run.
+// 0, or -1 with the error set (`what` names the GEMM in a launch failure).
+template <class Gemm>
+int run_cutlass(typename Gemm::Arguments& args, void* workspace, size_t arrays_bytes, cudaStream_t stream,
+                const char* what) {
+  if (!tile_order(args.scheduler))
+    return set_error("MOK_FAST_GEMM_RASTER / MOK_FAST_GEMM_SWIZZLE: expected M or N / 1, 2, 4 or 8");
+  char* cutlass_ws = static_cast<char*>(workspace) + arrays_bytes;
+  cutlass_ws = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(cutlass_ws) + 127) & ~uintptr_t(127));
+  Gemm gemm;
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess) return set_error("cutlass can_implement: %s", cutlassGetStatusString(st));
+  st = gemm.initialize(args, cutlass_ws, stream);
+  if (st != cutlass::Status::kSuccess) return set_error("cutlass initialize: %s", cutlassGetStatusString(st));
+  st = gemm.run(stream);
+  if (st != cutlass::Status::kSuccess) return set_error("cutlass run: %s", cutlassGetStatusString(st));
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return set_error("%s launch: %s", what, cudaGetErrorString(err));
+  return 0;
+}
+
 // Epilogues: D = the accumulator rounded to D's type (CUTLASS's TMA epilogue), the SwiGLU backward of
 // it (epilogue_swiglu_bwd.cuh: D bf16 [dg | du], reading C = the fp32 [p | q] the forward kept), or the SwiGLU
 // forward (epilogue_swiglu_fwd.cuh, after the paired-B mainloop of mainloop_gate_up.cuh: D fp32 [p | q] and
@@ -170,18 +204,6 @@ struct GroupedGemm {
     r.sd = reinterpret_cast<StrideD*>(p); p += align16(g * sizeof(StrideD));
     r.sc = reinterpret_cast<StrideD*>(p);
     return r;
-  }
-
-  static cutlass::KernelHardwareInfo hw_info(int device) {
-    static std::mutex mu;
-    static int sms[64] = {0};
-    std::lock_guard<std::mutex> lock(mu);
-    if (sms[device] == 0)
-      sms[device] = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = device;
-    hw.sm_count = sms[device];
-    return hw;
   }
 
   // CUTLASS's mainloop arguments, with B's second half for the mainloops that read one (kBUp).
@@ -367,20 +389,7 @@ int run_grouped(const MokSegment* segs, int n_segs, void* workspace, size_t ws_b
       t.N = s.n;
     });
   }
-  if (!tile_order(args.scheduler))
-    return set_error("MOK_FAST_GEMM_RASTER / MOK_FAST_GEMM_SWIZZLE: expected M or N / 1, 2, 4 or 8");
-  char* cutlass_ws = static_cast<char*>(workspace) + G::arrays_bytes(groups);
-  cutlass_ws = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(cutlass_ws) + 127) & ~uintptr_t(127));
-  typename G::Gemm gemm;
-  cutlass::Status st = gemm.can_implement(args);
-  if (st != cutlass::Status::kSuccess) return set_error("cutlass can_implement: %s", cutlassGetStatusString(st));
-  st = gemm.initialize(args, cutlass_ws, stream);
-  if (st != cutlass::Status::kSuccess) return set_error("cutlass initialize: %s", cutlassGetStatusString(st));
-  st = gemm.run(stream);
-  if (st != cutlass::Status::kSuccess) return set_error("cutlass run: %s", cutlassGetStatusString(st));
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return set_error("grouped gemm launch: %s", cudaGetErrorString(err));
-  return 0;
+  return run_cutlass<typename G::Gemm>(args, workspace, G::arrays_bytes(groups), stream, "grouped gemm");
 }
 
 // Tile variants (MOK_GEMM_NUM_VARIANTS), each a fixed instantiation; the caller picks one per layer from

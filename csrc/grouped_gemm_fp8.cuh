@@ -105,17 +105,6 @@ struct GroupedGemmFp8 {
                                     hw_info(device)};
   }
 
-  static cutlass::KernelHardwareInfo hw_info(int device) {
-    static std::mutex mu;
-    static int sms[64] = {0};
-    std::lock_guard<std::mutex> lock(mu);
-    if (sms[device] == 0) sms[device] = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = device;
-    hw.sm_count = sms[device];
-    return hw;
-  }
-
   static size_t workspace_bytes(int groups, int device) {
     Arrays dummy{};
     auto args = make_args(dummy, groups, device);
@@ -184,20 +173,7 @@ int run_grouped_fp8(const MokSegment* segs, int n_segs, void* workspace, size_t 
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return set_error("fill_group_args_fp8: %s", cudaGetErrorString(err));
   auto args = G::make_args(arr, groups, device);
-  if (!tile_order(args.scheduler))
-    return set_error("MOK_FAST_GEMM_RASTER / MOK_FAST_GEMM_SWIZZLE: expected M or N / 1, 2, 4 or 8");
-  char* cutlass_ws = static_cast<char*>(workspace) + G::arrays_bytes(groups);
-  cutlass_ws = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(cutlass_ws) + 127) & ~uintptr_t(127));
-  typename G::Gemm gemm;
-  cutlass::Status st = gemm.can_implement(args);
-  if (st != cutlass::Status::kSuccess) return set_error("cutlass can_implement: %s", cutlassGetStatusString(st));
-  st = gemm.initialize(args, cutlass_ws, stream);
-  if (st != cutlass::Status::kSuccess) return set_error("cutlass initialize: %s", cutlassGetStatusString(st));
-  st = gemm.run(stream);
-  if (st != cutlass::Status::kSuccess) return set_error("cutlass run: %s", cutlassGetStatusString(st));
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return set_error("fp8 grouped gemm launch: %s", cudaGetErrorString(err));
-  return 0;
+  return run_cutlass<typename G::Gemm>(args, workspace, G::arrays_bytes(groups), stream, "fp8 grouped gemm");
 }
 
 }  // namespace mok
