@@ -287,19 +287,32 @@ struct SegmentList {
   int n;
 };
 
-template <class G>
-__global__ void fill_group_args(typename G::Arrays arr, SegmentList segs) {
-  int g = blockIdx.x * blockDim.x + threadIdx.x;
+// Group g of a segment list: its segment (null past the last group), the expert e within it, its first row and its
+// row count (the segment's offsets, else its fixed rows); at(o) is where the group starts in operand o (elements).
+struct GroupAt {
+  const MokSegment* s;
+  int e;
+  int64_t off;
+  int rows;
+  __device__ int64_t at(const MokOperand& o) const { return o.offset + e * o.expert_stride + off * o.row_stride; }
+};
+
+__device__ inline GroupAt group_at(const SegmentList& segs, int g) {
   int e = g, j = 0;
   while (j < segs.n && e >= segs.s[j].num_groups) { e -= segs.s[j].num_groups; ++j; }
-  if (j >= segs.n) return;
+  if (j >= segs.n) return GroupAt{nullptr, 0, 0, 0};
   const MokSegment& s = segs.s[j];
-  int64_t off = 0;
-  int rows = s.fixed_rows;
-  if (s.offsets != nullptr) {
-    off = s.offsets[e];
-    rows = s.offsets[e + 1] - s.offsets[e];
-  }
+  if (s.offsets == nullptr) return GroupAt{&s, e, 0, s.fixed_rows};
+  return GroupAt{&s, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e]};
+}
+
+template <class G>
+__global__ void fill_group_args(typename G::Arrays arr, SegmentList segs) {
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  const GroupAt grp = group_at(segs, g);
+  if (grp.s == nullptr) return;
+  const MokSegment& s = *grp.s;
+  const int rows = grp.rows;
   int m = s.m, n = s.n, k = s.k;
   if (s.rows_dim == 0) m = rows; else k = rows;
   if (rows <= 0) { m = 0; k = (k > 0 ? k : 1); }
@@ -307,18 +320,17 @@ __global__ void fill_group_args(typename G::Arrays arr, SegmentList segs) {
   using EA = typename G::ElementA;
   using EB = typename G::ElementB;
   using ED = typename G::ElementD;
-  arr.a[g] = static_cast<const EA*>(s.a.base) + s.a.offset + e * s.a.expert_stride + off * s.a.row_stride;
-  arr.b[g] = static_cast<const EB*>(s.b.base) + s.b.offset + e * s.b.expert_stride + off * s.b.row_stride;
+  arr.a[g] = static_cast<const EA*>(s.a.base) + grp.at(s.a);
+  arr.b[g] = static_cast<const EB*>(s.b.base) + grp.at(s.b);
   // B's second half: b_up's rows, or for the fused gate/up kind with one [gate; up] tensor the n / 2 rows after
   // the gate rows; null otherwise (the d_x kind's B is then b alone).
-  arr.bu[g] = s.b_up.base != nullptr ? static_cast<const EB*>(s.b_up.base) + s.b_up.offset +
-                                           e * s.b_up.expert_stride + off * s.b_up.row_stride
+  arr.bu[g] = s.b_up.base != nullptr ? static_cast<const EB*>(s.b_up.base) + grp.at(s.b_up)
               : G::kSwigluFwd ? arr.b[g] + int64_t(n / 2) * s.b.ld
                               : nullptr;
-  arr.d[g] = static_cast<ED*>(s.d.base) + s.d.offset + e * s.d.expert_stride + off * s.d.row_stride;
+  arr.d[g] = static_cast<ED*>(s.d.base) + grp.at(s.d);
   using EX = typename G::ElementAux;
   arr.c[g] = s.aux.base == nullptr ? nullptr
-             : static_cast<EX*>(s.aux.base) + s.aux.offset + e * s.aux.expert_stride + off * s.aux.row_stride;
+             : static_cast<EX*>(s.aux.base) + grp.at(s.aux);
   arr.sa[g] = stride_with_ld<typename G::StrideA>(s.a.ld);
   arr.sb[g] = stride_with_ld<typename G::StrideB>(s.b.ld);
   arr.sd[g] = stride_with_ld<typename G::StrideD>(s.d.ld);

@@ -114,20 +114,13 @@ struct GroupedGemmFp8 {
 
 template <class G>
 __global__ void fill_group_args_fp8(typename G::Arrays arr, SegmentList segs) {
-  int g = blockIdx.x * blockDim.x + threadIdx.x;
-  int e = g, j = 0;
-  while (j < segs.n && e >= segs.s[j].num_groups) { e -= segs.s[j].num_groups; ++j; }
-  if (j >= segs.n) return;
-  const MokSegment& s = segs.s[j];
-  int64_t off = 0;
-  int rows = s.fixed_rows;
-  if (s.offsets != nullptr) {
-    off = s.offsets[e];
-    rows = s.offsets[e + 1] - s.offsets[e];
-  }
-  const int m = rows > 0 ? rows : 0, n = s.n, k = s.k;
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  const GroupAt grp = group_at(segs, g);
+  if (grp.s == nullptr) return;
+  const MokSegment& s = *grp.s;
+  const int m = grp.rows > 0 ? grp.rows : 0, n = s.n, k = s.k;
   arr.shapes[g] = typename G::Shape3(m, n, k);
-  auto at = [&](const MokOperand& o) { return o.offset + e * o.expert_stride + off * o.row_stride; };
+  auto at = [&](const MokOperand& o) { return grp.at(o); };
   arr.a[g] = static_cast<const typename G::ElementA*>(s.a.base) + at(s.a);
   arr.b[g] = static_cast<const typename G::ElementB*>(s.b.base) + at(s.b);
   arr.d[g] = static_cast<typename G::ElementD*>(s.d.base) + at(s.d);
