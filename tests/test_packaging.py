@@ -38,8 +38,8 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_carries_cuda_sources_and_goldens(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    cu = {Path(n).name for n in names if n.startswith("mok/_csrc/")}
-    assert cu == {p.name for p in (ROOT / "csrc").iterdir()}
+    shipped = {n.removeprefix("mok/_csrc/") for n in names if n.startswith("mok/_csrc/")}
+    assert shipped == {p.relative_to(ROOT / "csrc").as_posix() for p in (ROOT / "csrc").rglob("*") if p.is_file()}
     assert "mok/_golden/manifest.json" in names
     for case in CASES:
         assert f"mok/_golden/{case.name}.safetensors" in names, case.name

@@ -129,12 +129,12 @@ def _code(path: Path) -> str:
 
 def _code_files():
     yield from sorted((ROOT / "mok").rglob("*.py"))
-    yield from sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".cu", ".cuh", ".h"))
+    yield from sorted(p for p in CSRC.rglob("*") if p.suffix in (".cpp", ".cu", ".cuh", ".h"))
 
 
 def test_no_loader_of_mok_asks_for_rtld_global():
     """No code of mok names RTLD_GLOBAL, and every dlopen in csrc/ asks for RTLD_LOCAL."""
     assert not [p.name for p in _code_files() if "RTLD_GLOBAL" in _code(p)]
-    calls = [c for p in _code_files() if p.suffix == ".cpp" for c in re.findall(r"\bdlopen\(([^;]*)\)", _code(p))]
+    calls = [c for p in _code_files() if p.suffix in (".cpp", ".h") for c in re.findall(r"\bdlopen\(([^;]*)\)", _code(p))]
     assert calls, "the binding's dlopen call was not found: this test proves nothing"
     assert all("RTLD_LOCAL" in c for c in calls), calls
