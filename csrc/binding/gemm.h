@@ -108,6 +108,13 @@ void check_b_up(int64_t kind, const Segment& s, const Where& where) {
                     ": operand b_up must lie a nonzero distance from operand b (the gate rows)");
 }
 
+// The device a grouped GEMM call names: `device`, or, given without an index ("cuda"), the first segment's operand
+// a's device of that type, as torch's "cuda" names a device the tensors are on. Every operand must be on it.
+at::Device named_device(const at::Device& device, const std::vector<Segment*>& segments) {
+  const at::Device a_dev = segments[0]->a.tensor.device();
+  return device.has_index() || a_dev.type() != device.type() ? device : a_dev;
+}
+
 // Checks of a grouped GEMM's arguments (ValueError / TypeError naming the argument), before any launch.
 void check_segments(int64_t kind, const std::vector<Segment*>& segments, const at::Device& device, int64_t variant) {
   TORCH_CHECK_VALUE(0 <= kind && kind < MOK_GEMM_NUM_KINDS, "kind: expected a GEMM kind in [0, ", MOK_GEMM_NUM_KINDS,
@@ -146,9 +153,7 @@ void check_segments(int64_t kind, const std::vector<Segment*>& segments, const a
         {"a", &s.a, 'a'}, {"b", &s.b, 'b'}, {"d", &s.d, 'd'}, {"aux", s.aux ? &*s.aux : nullptr, 'x'},
         {"b_up", s.b_up ? &*s.b_up : nullptr, 'u'}, {"sfa", s.sfa ? &*s.sfa : nullptr, 's'},
         {"sfb", s.sfb ? &*s.sfb : nullptr, 't'}};
-    // A device without an index ("cuda") names the first operand's, as the launch takes it: one device for all.
-    const at::Device a_dev = segments[0]->a.tensor.device();
-    const at::Device want = device.has_index() || a_dev.type() != device.type() ? device : a_dev;
+    const at::Device want = named_device(device, segments);
     for (const auto& [which, op, key] : ops) {
       if (op == nullptr) continue;
       TORCH_CHECK_VALUE(op->tensor.device() == want && op->tensor.is_contiguous(), where, ": operand ", which,
@@ -203,7 +208,7 @@ void launch_gemm(int64_t kind, const std::vector<Segment*>& segments, const at::
   for (size_t j = 0; j < segments.size(); ++j)
     TORCH_CHECK_TYPE(segments[j] != nullptr, Where{j}, ": expected a Segment, got None");
   const at::Device dev = segments[0]->a.tensor.device();
-  TORCH_CHECK_VALUE(!device.has_index() || device == dev, "device: expected the operands' device ", dev, ", got ",
+  TORCH_CHECK_VALUE(named_device(device, segments) == dev, "device: expected the operands' device ", dev, ", got ",
                     device);
   Launch l(dev, "segments[0]: operand a");
   MokSegment arr[MOK_MAX_SEGMENTS] = {};
