@@ -73,7 +73,7 @@ def _saves(recompute: bool) -> bool:
 def _moe_fwd(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, shared_gate: Optional[Tensor],
             shared_up: Optional[Tensor], shared_down: Optional[Tensor], routed_gate: Tensor, routed_up: Tensor,
             routed_down: Tensor, group_name: Optional[str], backend: str, recompute: bool,
-            precision: str = "bf16") -> list[Tensor]:
+            precision: str) -> list[Tensor]:
     """[y, *bf16 copies of the float32 ones among x and the 6 weights, *the backend's saved context].
     A gate with up None is one stacked [gate; up] tensor (`moe_gate_up`). precision: the recipe (docs/numerics.md)."""
     tensors = [x, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
@@ -91,7 +91,7 @@ moe_fwd = torch.library.custom_op("mok::moe_fwd", mutates_args=())(_moe_fwd)
 
 @moe_fwd.register_fake
 def _(x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down,
-      group_name, backend, recompute, precision="bf16"):
+      group_name, backend, recompute, precision):
     weights = [shared_gate, shared_up, shared_down, routed_gate, routed_up, routed_down]
     casts = _fake_casts([x, *weights], _layer_plan([x, *weights]))
     y = torch.empty_like(x, dtype=torch.bfloat16)
@@ -168,9 +168,7 @@ def _(dy, x, topk_idx, topk_weight, shared_gate, shared_up, shared_down, routed_
 
 
 def _moe_setup(ctx, inputs, output):
-    # the op's 12 arguments, and precision when the caller passed it (the op's default: "bf16")
-    *tensors, group_name, backend, recompute = inputs[:12]
-    precision = inputs[12] if len(inputs) > 12 else "bf16"
+    *tensors, group_name, backend, recompute, precision = inputs
     x, idx, w = tensors[:3]
     weights = tensors[3:]
     plan = _layer_plan([x, *weights])
@@ -183,9 +181,7 @@ def _moe_setup(ctx, inputs, output):
     x16, *w16 = _with_casts([x, *weights], plan, casts)
     ctx.save_for_backward(x16, idx, w, *[t if t is not None else x16.new_empty(0) for t in w16], *saved)
     ctx.args = (group_name, backend, recompute)
-    # backward returns one entry per argument the op was called with: the dispatcher drops an argument equal to
-    # its default (torch.library), so the default precision counts as absent; `_precision_arg` does the same
-    ctx.precision, ctx.n_inputs = precision, 12 if precision == "bf16" else 13
+    ctx.precision, ctx.n_inputs = precision, len(inputs)
 
 
 def _release_saved() -> bool:
@@ -225,11 +221,6 @@ def _moe_backward(ctx, grads, bwd=None):
 moe_fwd.register_autograd(_moe_backward, setup_context=_moe_setup)
 _Layer = eager_function("_Layer", _moe_fwd, _moe_setup, lambda ctx, *g, bwd: _moe_backward(ctx, g, bwd),
                         _moe_bwd_body)
-
-
-def _precision_arg(precision: str) -> tuple:
-    """moe_fwd's precision argument as passed: none for the default "bf16" (what the dispatcher does too)."""
-    return () if precision == "bf16" else (precision,)
 
 
 def _check_layer_options(backend, recompute) -> None:
@@ -277,7 +268,7 @@ def moe(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_
         routed_up_LIH, routed_down_LHI))), optional=_W_NAMES[:3])
     out = apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_SH, shared_up_SH, shared_down_HS,
                  routed_gate_LIH, routed_up_LIH, routed_down_LHI, group_name(group), backend, recompute,
-                 *_precision_arg(precision))
+                 precision)
     return out[0]
 
 
@@ -316,5 +307,5 @@ def moe_gate_up(x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, shared_do
                          optional=("shared_gate_up_2SH", "shared_down"))
     out = apply(moe_fwd, _Layer, x_TH, topk_idx_TK, topk_weight_TK, shared_gate_up_2SH, None, shared_down_HS,
                  routed_gate_up_L2IH, None, routed_down_LHI, group_name(group), backend, recompute,
-                 *_precision_arg(precision))
+                 precision)
     return out[0]

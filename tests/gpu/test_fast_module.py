@@ -68,7 +68,7 @@ def test_weights_are_cast_once_per_step(dtype, x_dtype, n_casts):
     x, _ = _data(x_dtype)
     routing = model.route(x)
     out = ops.moe_fwd(x, routing.topk_idx, routing.topk_weight, model.w_shared_gate_up_2SH, None,
-                      model.w_shared_down_HS, model.w_gate_up_L2IH, None, model.w_down_LHI, None, "fast", False)
+                      model.w_shared_down_HS, model.w_gate_up_L2IH, None, model.w_down_LHI, None, "fast", False, "bf16")
     assert len(out) == 1 + n_casts + mok.fast._context.N_SAVED
     for c in out[1:1 + n_casts]:
         assert c.dtype == torch.bfloat16

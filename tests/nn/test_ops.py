@@ -28,9 +28,9 @@ def _layer_args(S, weight_dtype=torch.bfloat16, x_dtype=torch.bfloat16):
 ])
 def test_opcheck_moe(S, weight_dtype, x_dtype, recompute):
     args, dy = _layer_args(S, weight_dtype, x_dtype)
-    torch.library.opcheck(ops.moe_fwd, (*args, None, "reference", recompute))
+    torch.library.opcheck(ops.moe_fwd, (*args, None, "reference", recompute, "bf16"))
     plain = [_detach(a) for a in args]
-    out = [t.detach() for t in ops.moe_fwd(*plain, None, "reference", recompute)]
+    out = [t.detach() for t in ops.moe_fwd(*plain, None, "reference", recompute, "bf16")]
     x, _, _, sg, su, sd, rg, ru, rd = plain
     bf16 = torch.bfloat16
     want = [x.to(bf16)] if x.dtype == torch.float32 else []  # the bf16 copies forward makes, once
@@ -85,7 +85,7 @@ def test_moe_gate_up_is_moe_on_the_halves_with_one_gradient_per_stacked_tensor(S
     assert_bitwise_equal(rgu.grad, torch.cat([rg.grad, ru.grad], 1), "d_routed_gate_up")
     if S:
         assert_bitwise_equal(sgu.grad, torch.cat([sg.grad, su.grad], 0), "d_shared_gate_up")
-    fwd_args = (x, idx, w, sgu, None, sd, rgu, None, rd, None, "reference", recompute)
+    fwd_args = (x, idx, w, sgu, None, sd, rgu, None, rd, None, "reference", recompute, "bf16")
     torch.library.opcheck(ops.moe_fwd, fwd_args)
     out = [t.detach() for t in ops.moe_fwd(*[_detach(a) if isinstance(a, torch.Tensor) else a for a in fwd_args])]
     n_casts = (2 if S else 1) * 2 if weight_dtype == torch.float32 else 0  # each stacked tensor and each down
