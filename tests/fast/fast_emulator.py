@@ -300,7 +300,7 @@ class _NoStream:
 
 def stub_streams() -> None:
     """Make the W = 1 path's stream calls (current stream, the side stream, `torch.cuda.stream`) no-ops in this
-    process, so it runs on a machine without CUDA (benchmarks/emulated_error_scan.py, host_cost.py)."""
+    process, so it runs on a machine without CUDA (the emulated tests of tests/fast/)."""
     from mok.fast import _backward
 
     _backward._side_stream = lambda dev: _NoStream()
