@@ -14,15 +14,15 @@ from ._validate import _device, _tensor
 
 CONTRACT_VERSION = 1
 
-# How the tree sums are computed (no bit depends on it): the products of one chunk of outputs are written
-# reduction-axis-major into one preallocated fp32 buffer p [D, ...], and each level of the tree is one in-place
-# elementwise add of its two contiguous halves, p[:h] += p[h:2h] (plus a copy of the carried term), so no level
-# allocates, concatenates or strides. Chunks split independent outputs only, never a reduction, so they change no
-# bit; a chunk's products stay near this many elements (CPU, one thread: about an L2 cache; CUDA: few, large
-# launches). On the CPU the chunk grows with the square of the thread count, up to _CPU_CHUNK_CAP: at T, H, I, E, K =
-# 1024, 512, 256, 16, 2 on a 2-core CPU, forward+backward took 1.22 s at 2^19 and 1.33 s at 2^21 with one thread, but
-# 1.11 s at 2^19, 0.88 s at 2^21 and 0.82-0.88 s at 2^22 with two (larger elementwise ops amortise the threads'
-# dispatch), and 2.9 s at 2^24.
+# How the tree sums are computed (no bit depends on it): the first level of one chunk of outputs is written
+# reduction-axis-major into one preallocated fp32 buffer p [n, ...] (the products, or on the CPU the first level's
+# two-term sums from one GEMM: see _first_level_by_gemm), and each further level is one in-place elementwise add of
+# its two contiguous halves, p[:h] += p[h:2h] (plus a copy of the carried term), so no level allocates,
+# concatenates or strides. Chunks split independent outputs only, never a reduction, so they change no bit; a
+# chunk's buffer stays near this many elements (CPU, one thread: about an L2 cache; CUDA: few, large launches). On
+# the CPU with more threads it grows to _CPU_CHUNK_CAP (larger elementwise ops amortise the threads' dispatch): at
+# T, H, I, E, K = 1024, 512, 256, 16, 2 on a 2-core CPU, forward+backward took 0.87 s at 2^19 and 0.94 s at 2^20
+# with one thread, 0.69 s at 2^20, 0.60 s at 2^21, 0.57 s at 2^22 and 0.62 s at 2^23 with two.
 _CHUNK_ELEMS = {"cpu": 1 << 19, "cuda": 1 << 24}
 _CPU_CHUNK_CAP = 1 << 22
 
@@ -36,11 +36,12 @@ def _float32(name: str, t) -> None:
 
 
 def _chunk_elems(device: torch.device) -> int:
-    """Products per chunk on `device` (see above)."""
+    """First-level terms per chunk on `device` (see above): the base with one CPU thread, 8x it (up to the cap) with
+    more."""
     if device.type == "cpu":
         threads = torch.get_num_threads()
         base = _CHUNK_ELEMS["cpu"]
-        return min(base * threads * threads, max(base, _CPU_CHUNK_CAP))
+        return base if threads == 1 else min(base * 8, max(base, _CPU_CHUNK_CAP))
     return _CHUNK_ELEMS.get(device.type, _CHUNK_ELEMS["cuda"])
 
 
@@ -111,11 +112,66 @@ def _tree_sum_differentiable(v_N: torch.Tensor, n: int) -> torch.Tensor:
     return v_N[0]
 
 
+# The first level of a product tree may come from a batched GEMM with two-term dots: s_i = a_i b_i + a_{h+i} b_{h+i}.
+# When both products are exact and finite in fp32 (bf16 operands with no product above 2^128 or below 2^-134) and
+# the sum is rounded once, every way of evaluating a two-term dot (FMA or not, either order, an accumulator
+# started at zero) rounds the same exact sum, so the GEMM gives the contract's level bit for bit, except that an
+# accumulator started at +0 turns (-0) + (-0) into +0. A final zero's sign is therefore set afterwards from the
+# contract: a tree of IEEE adds is -0 exactly when every term is -0. Only the CPU's IEEE fp32 GEMM is used
+# (float32 matmul precision "highest", oneDNN's fp32 precision "none"); inputs outside the exact range, other
+# precisions and CUDA keep the elementwise first level. At the shape above on a 2-core CPU with 2 threads the
+# layer's forward+backward went from 0.90 s to 0.56 s (with the larger chunk and gate/up in one call).
+_PAIR_MAX = 2.0**128  # a product of two bf16 values below this is finite and exact
+_PAIR_MIN = 2.0**-134  # ... and at or above this (16 significant bits above fp32's subnormal step 2^-149)
+
+
+def _first_level_by_gemm(a_DM: torch.Tensor, b_DN: torch.Tensor) -> tuple[bool, bool]:
+    """Whether a two-term-dot GEMM gives the tree's first level over a_DM * b_DN bit for bit (see above), and
+    whether an operand holds a zero (only then can a product be a signed zero that needs `_signed_zeros_`).
+
+    Args:
+        a_DM: [D, M] float32 holding bf16 values. b_DN: [D, N] float32 holding bf16 values, same device.
+    Returns:
+        (exact, has_zero).
+    """
+    if a_DM.device.type != "cpu" or a_DM.shape[0] < 2:
+        return False, False
+    if torch.get_float32_matmul_precision() != "highest" or torch.backends.mkldnn.matmul.fp32_precision != "none":
+        return False, False
+    bounds, has_zero = [], False
+    for t in (a_DM, b_DN):
+        mag = t.abs()
+        largest = float(mag.amax())  # NaN or inf: not exact
+        if not largest < float("inf"):
+            return False, False
+        zero = mag == 0
+        has_zero = has_zero or bool(zero.any())
+        bounds.append((largest, float(mag.masked_fill(zero, float("inf")).amin())))  # inf: all zeros
+    (a_max, a_min), (b_max, b_min) = bounds
+    return a_max * b_max < _PAIR_MAX and a_min * b_min >= _PAIR_MIN, has_zero
+
+
+def _signed_zeros_(out_MN: torch.Tensor, a_DM: torch.Tensor, b_DN: torch.Tensor) -> None:
+    """Give each zero of out_MN the contract's sign, in place: -0 where every product a[d, m] * b[d, n] is -0, else +0.
+
+    Args:
+        out_MN: [M, N] float32, the tree sums of a_DM[:, m] * b_DN[:, n]. a_DM: [D, M], b_DN: [D, N] float32.
+    """
+    m_Z, n_Z = (out_MN == 0).nonzero(as_tuple=True)
+    per = max(1, _chunk_elems(out_MN.device) // max(1, a_DM.shape[0]))
+    for z0 in range(0, m_Z.numel(), per):
+        m_z, n_z = m_Z[z0 : z0 + per], n_Z[z0 : z0 + per]
+        p_DZ = a_DM[:, m_z] * b_DN[:, n_z]
+        negative_zero_Z = ((p_DZ == 0) & torch.signbit(p_DZ)).all(dim=0)
+        out_MN[m_z, n_z] = torch.where(negative_zero_Z, -0.0, 0.0)
+
+
 def _tree_dot(a_DM: torch.Tensor, b_DN: torch.Tensor) -> torch.Tensor:
     """c[m, n] = tree over d of a[d, m] * b[d, n]: exact products, the contract's tree over D.
 
-    Per chunk of outputs [m0:m1, n0:n1], the products go into one buffer p [D, m1 - m0, n1 - n0] (one
-    broadcast multiply) and `_tree_reduce_` sums them in place, level by level over whole slabs.
+    Per chunk of outputs [m0:m1, n0:n1], the tree's first level goes into one buffer p [n, m1 - m0, n1 - n0]
+    (n = D, or the first level's ceil(D / 2) terms when `_first_level_by_gemm` holds) and `_tree_reduce_` sums
+    it in place, level by level over whole slabs.
 
     Args:
         a_DM: [D, M] float32. b_DN: [D, N] float32, same device (unchecked: callers validate).
@@ -127,17 +183,30 @@ def _tree_dot(a_DM: torch.Tensor, b_DN: torch.Tensor) -> torch.Tensor:
     out_MN = torch.zeros(M, N, dtype=torch.float32, device=a_DM.device)
     if D == 0 or M == 0 or N == 0:
         return out_MN
+    pairs, has_zero = _first_level_by_gemm(a_DM, b_DN)
+    h = D // 2
+    n = h + D % 2 if pairs else D
+    if pairs:  # [h, M, 2] and [h, 2, N]: the two terms of each first-level pair side by side
+        a_hM2 = torch.stack((a_DM[:h], a_DM[h : 2 * h]), dim=-1)
+        b_h2N = torch.stack((b_DN[:h], b_DN[h : 2 * h]), dim=1)
     budget = _chunk_elems(a_DM.device)
-    cols = min(N, max(1, budget // D))
-    rows = min(M, max(1, budget // (D * cols)))
-    buf = torch.empty(D * rows * cols, dtype=torch.float32, device=a_DM.device)
+    cols = min(N, max(1, budget // n))
+    rows = min(M, max(1, budget // (n * cols)))
+    buf = torch.empty(n * rows * cols, dtype=torch.float32, device=a_DM.device)
     for m0 in range(0, M, rows):
         m1 = min(M, m0 + rows)
         for n0 in range(0, N, cols):
             n1 = min(N, n0 + cols)
-            p_DMN = buf[: D * (m1 - m0) * (n1 - n0)].view(D, m1 - m0, n1 - n0)
-            torch.mul(a_DM[:, m0:m1, None], b_DN[:, None, n0:n1], out=p_DMN)
-            out_MN[m0:m1, n0:n1] = _tree_reduce_(p_DMN, D)
+            p_nMN = buf[: n * (m1 - m0) * (n1 - n0)].view(n, m1 - m0, n1 - n0)
+            if pairs:
+                torch.bmm(a_hM2[:, m0:m1], b_h2N[:, :, n0:n1], out=p_nMN[:h])
+                if D % 2:
+                    torch.mul(a_DM[2 * h, m0:m1, None], b_DN[2 * h, None, n0:n1], out=p_nMN[h])
+            else:
+                torch.mul(a_DM[:, m0:m1, None], b_DN[:, None, n0:n1], out=p_nMN)
+            out_MN[m0:m1, n0:n1] = _tree_reduce_(p_nMN, n)
+    if pairs and has_zero:
+        _signed_zeros_(out_MN, a_DM, b_DN)
     return out_MN
 
 
@@ -279,9 +348,14 @@ def silu_exact(g: torch.Tensor) -> torch.Tensor:
 def dsilu_exact(g: torch.Tensor) -> torch.Tensor:
     """silu'(g) = s * (1 + g * (1 - s)) with s = sigmoid(g), fp32 (other dtypes raise TypeError), evaluated
     in this order."""
+    return silu_and_dsilu_exact(g)[1]
+
+
+def silu_and_dsilu_exact(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`silu_exact(g)`, `dsilu_exact(g)`) from one sigmoid, with their bits; fp32 (other dtypes raise TypeError)."""
     _float32("g", g)
     s = sigmoid_exact(g)
-    return s * (1.0 + g * (1.0 - s))
+    return g * s, s * (1.0 + g * (1.0 - s))
 
 
 # log on [1, inf): x = m * 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m-1)/(m+1);

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _comm as comm
-from ._exact import bf16, dsilu_exact, matmul_exact, rows_outer_sum, rowwise_dot, silu_exact
+from ._exact import bf16, matmul_exact, rows_outer_sum, rowwise_dot, silu_and_dsilu_exact, silu_exact
 from ._fp8 import fp8_blocks_128x128, fp8_rows_1x128
 from ._validate import PRECISIONS, Dims, check_expert_ids, check_grad_out, check_layer_args, check_precision
 from ._versions import check_versions, record_versions
@@ -70,9 +70,10 @@ def _swiglu_expert(x_RH, w_gate_IH, w_up_IH, w_down_HI, precision: str):
     """One expert on its rows. Returns (g, u fp32 [R, I], a bf16 [R, I], o bf16 [R, H]); a is the value
     before any fp8 rounding (the down projection's weight gradient uses it as it is)."""
     act, wt = OPERANDS[precision]
-    xq = act(x_RH)
-    g = matmul_exact(xq, wt(w_gate_IH))
-    u = matmul_exact(xq, wt(w_up_IH))
+    I = w_gate_IH.shape[0]
+    # gate and up in one call (each output is its own tree, so the bits are those of two calls)
+    gu = matmul_exact(act(x_RH), torch.cat([wt(w_gate_IH), wt(w_up_IH)], dim=0))
+    g, u = gu[:, :I].contiguous(), gu[:, I:].contiguous()  # own storage each: they are saved and returned
     a = bf16(silu_exact(g) * u)
     o = bf16(matmul_exact(act(a), wt(w_down_HI)))
     return g, u, a, o
@@ -193,8 +194,9 @@ def _data_grads(go_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w_down_HI, precisio
     dg and du before any fp8 rounding (the weight gradients use them as they are)."""
     act, wt = OPERANDS[precision]
     da = matmul_exact(act(go_RH), wt(w_down_HI).t())
-    dg = bf16((da * rows.u) * dsilu_exact(rows.g))
-    du = bf16(da * silu_exact(rows.g))
+    silu_g, dsilu_g = silu_and_dsilu_exact(rows.g)
+    dg = bf16((da * rows.u) * dsilu_g)
+    du = bf16(da * silu_g)
     # one fp32 accumulation over 2I: gate's I terms first, then up's (fp8: dg and du rounded separately,
     # so their 1x128 blocks line up with the blocks of gate's and up's weights)
     dx = bf16(matmul_exact(torch.cat([act(dg), act(du)], dim=1), torch.cat([wt(w_gate_IH), wt(w_up_IH)], dim=0).t()))
@@ -204,7 +206,16 @@ def _data_grads(go_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w_down_HI, precisio
 def _swiglu_expert_backward(go_RH, x_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w_down_HI, precision: str):
     """Returns (dx bf16 [R, H], d_gate fp32 [I, H], d_up fp32 [I, H], d_down fp32 [H, I])."""
     dx, dg, du = _data_grads(go_RH, rows, w_gate_IH, w_up_IH, w_down_HI, precision)
-    return dx, rows_outer_sum(dg, x_RH), rows_outer_sum(du, x_RH), rows_outer_sum(go_RH, rows.a)
+    d_gate, d_up = _gate_up_weight_grads(dg, du, x_RH)
+    return dx, d_gate, d_up, rows_outer_sum(go_RH, rows.a)
+
+
+def _gate_up_weight_grads(dg_RI, du_RI, x_RH):
+    """(d_gate, d_up) fp32 [I, H] each, from one `rows_outer_sum` (each output is its own tree); each has its own
+    storage (they are returned as separate gradients)."""
+    d_gu = rows_outer_sum(torch.cat([dg_RI, du_RI], dim=1), x_RH)
+    I = dg_RI.shape[1]
+    return d_gu[:I].clone(), d_gu[I:].clone()
 
 
 @torch.no_grad()
@@ -261,6 +272,6 @@ def backward(ctx: Ctx, dy):
         dx_s, dg, du = _data_grads(dy, rows, sg, su, sd, ctx.precision)
         # the group's rows, rank order = global token order, so the sums match W = 1 bitwise
         dg_N, du_N, a_N = (comm.all_gather_cat(t, group) for t in (dg, du, rows.a))
-        d_shared = (rows_outer_sum(dg_N, ctx.x_NH), rows_outer_sum(du_N, ctx.x_NH), rows_outer_sum(dy_NH, a_N))
+        d_shared = (*_gate_up_weight_grads(dg_N, du_N, ctx.x_NH), rows_outer_sum(dy_NH, a_N))
     d_x = _ordered_sum(dx_s, dx_TKH, None)
     return (d_x, d_topk_weight, torch.stack(d_gate), torch.stack(d_up), torch.stack(d_down), *d_shared)

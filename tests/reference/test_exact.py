@@ -177,6 +177,16 @@ def test_dsilu_vs_float64():
     assert bool((err <= bound).all()), f"dsilu({g[i].item()!r}) = {got[i].item()!r}, float64 {ref[i].item()!r}"
 
 
+def test_silu_and_dsilu_from_one_sigmoid_have_their_bits():
+    """The backward's shared-sigmoid pair gives silu_exact's bits and dsilu's written-out order."""
+    g = _activation_grid()
+    silu, dsilu = exact.silu_and_dsilu_exact(g)
+    s = sigmoid_exact(g)
+    assert_bitwise_equal(silu, silu_exact(g), "silu from silu_and_dsilu_exact")
+    assert_bitwise_equal(dsilu, s * (1.0 + g * (1.0 - s)), "dsilu from silu_and_dsilu_exact")
+    assert_bitwise_equal(dsilu_exact(g), dsilu, "dsilu_exact")
+
+
 @pytest.mark.parametrize("fn, x, expected", [
     (silu_exact, float("nan"), float("nan")),     # NaN propagates
     (dsilu_exact, float("nan"), float("nan")),    # NaN propagates

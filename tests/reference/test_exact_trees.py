@@ -135,3 +135,88 @@ def test_tree_sum_under_autograd_gives_the_same_bits_and_gradient_one():
     assert_bitwise_equal(s.detach(), tree_sum(p.detach(), 0), "tree_sum with requires_grad")
     s.sum().backward()
     assert_bitwise_equal(p.grad, torch.ones(7, 3), "d tree_sum / d p")
+
+
+# ---- the first level by a two-term-dot GEMM (CPU): where it is taken, and its bits against the elementwise level
+
+
+def edge_values(shape, seed: int) -> torch.Tensor:
+    """bf16 whose products stay exact (|product| in [2^-134, 2^128)) but whose sums hit the edges: signed zeros,
+    exact cancellation, sums that overflow to ±inf, and subnormal differences of tiny products."""
+    g = torch.Generator().manual_seed(seed)
+    mag = torch.exp2(torch.randint(-66, 63, shape, generator=g).float()) * (1 + torch.rand(*shape, generator=g))
+    sign = torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0)
+    zero = torch.rand(*shape, generator=g) < 0.2
+    v = torch.where(zero, sign * 0.0, sign * mag)
+    return v.to(torch.bfloat16)
+
+
+def _elementwise_first_level(monkeypatch):
+    monkeypatch.setattr(exact, "_first_level_by_gemm", lambda a, b: (False, False))
+
+
+@pytest.mark.parametrize("D", [2, 3, 7, 64, 129])
+def test_gemm_first_level_gives_the_elementwise_bits(D, chunks, monkeypatch):
+    """The same sums with the GEMM's first level and with the elementwise one: bit for bit, both against the
+    definition, on values built to reach signed zeros, cancellation, overflow and subnormal sums."""
+    M, N = 6, 9
+    cases = [("random", bf16_values((M, D), D, False), bf16_values((N, D), D + 1, False)),
+             ("edges", edge_values((M, D), D), edge_values((N, D), D + 1)),
+             ("signed-zeros", signed_zeros((M, D), D), signed_zeros((N, D), D + 1)),
+             ("zero-rows", edge_values((M, D), D + 2) * (torch.arange(M) % 2)[:, None].to(torch.bfloat16),
+              -edge_values((N, D), D + 3).abs())]
+    for kind, a, b in cases:
+        assert exact._first_level_by_gemm(a.t().float(), b.t().float())[0], f"{kind}: the GEMM level is not taken"
+        want = torch.from_numpy(tree_def(products_def(as_np(a)[:, None, :], as_np(b)[None, :, :])))
+        assert_bitwise_equal(matmul_exact(a, b), want, f"matmul_exact D={D} {kind} (GEMM first level)")
+        assert_bitwise_equal(rows_outer_sum(a.t().contiguous(), b.t().contiguous()), want,
+                             f"rows_outer_sum R={D} {kind} (GEMM first level)")
+    with monkeypatch.context() as m:
+        _elementwise_first_level(m)
+        for kind, a, b in cases:
+            want = torch.from_numpy(tree_def(products_def(as_np(a)[:, None, :], as_np(b)[None, :, :])))
+            assert_bitwise_equal(matmul_exact(a, b), want, f"matmul_exact D={D} {kind} (elementwise first level)")
+
+
+def _decides(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return exact._first_level_by_gemm(a.float(), b.float())[0]
+
+
+def test_gemm_first_level_only_where_every_product_is_exact_and_finite():
+    ones = torch.ones(4, 3, dtype=torch.bfloat16)
+    assert _decides(ones, ones)
+    assert _decides(ones * 2.0**63, ones * 2.0**63)  # 2^126: finite and exact
+    assert not _decides(ones * 2.0**64, ones * 2.0**64)  # 2^128 overflows fp32
+    assert _decides(ones * 2.0**-67, ones * 2.0**-67)  # 2^-134: 16 significant bits still fit
+    assert not _decides(ones * 2.0**-68, ones * 2.0**-67)  # 2^-135: a product could round
+    for special in (float("inf"), float("-inf"), float("nan")):
+        with_special = ones.clone()
+        with_special[1, 2] = special
+        assert not _decides(with_special, ones), special
+        assert not _decides(ones, with_special), special
+    assert not exact._first_level_by_gemm(ones[:1].float(), ones[:1].float())[0]  # D = 1: no pair
+
+
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_reduced_float32_matmul_precision_keeps_the_elementwise_first_level(precision):
+    """A GEMM allowed to round fp32 through TF32 or bf16 is not used; the bits stay the definition's."""
+    a, b = bf16_values((5, 40), 1, False), bf16_values((6, 40), 2, False)
+    want = matmul_exact(a, b)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(precision)
+        assert not _decides(a.t(), b.t())
+        assert_bitwise_equal(matmul_exact(a, b), want, f"matmul_exact at float32 matmul precision {precision!r}")
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_tiny_products_keep_the_definitions_bits():
+    """Products below 2^-134 round in fp32, and a GEMM that fuses the multiply into its add (FMA) rounds them
+    differently: these sums must still be the definition's, so they take the elementwise first level."""
+    g = torch.Generator().manual_seed(0)
+    sign = lambda *shape: torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0)  # noqa: E731
+    a = (sign(16, 256) * (1 + torch.rand(16, 256, generator=g)) * 2.0**-69).to(torch.bfloat16)  # products in
+    b = (sign(24, 256) * (1 + torch.rand(24, 256, generator=g)) * 2.0**-69).to(torch.bfloat16)  # [2^-138, 2^-136)
+    want = torch.from_numpy(tree_def(products_def(as_np(a)[:, None, :], as_np(b)[None, :, :])))
+    assert_bitwise_equal(matmul_exact(a, b), want, "matmul_exact of tiny products")
