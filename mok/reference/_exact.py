@@ -118,11 +118,21 @@ def _tree_sum_differentiable(v_N: torch.Tensor, n: int) -> torch.Tensor:
 # started at zero) rounds the same exact sum, so the GEMM gives the contract's level bit for bit, except that an
 # accumulator started at +0 turns (-0) + (-0) into +0. A final zero's sign is therefore set afterwards from the
 # contract: a tree of IEEE adds is -0 exactly when every term is -0. Only the CPU's IEEE fp32 GEMM is used
-# (float32 matmul precision "highest", oneDNN's fp32 precision "none"); inputs outside the exact range, other
+# (oneDNN's fp32 precision "none" or "ieee": `_cpu_fp32_gemm_is_ieee`); inputs outside the exact range, other
 # precisions and CUDA keep the elementwise first level. At the shape above on a 2-core CPU with 2 threads the
 # layer's forward+backward went from 0.90 s to 0.56 s (with the larger chunk and gate/up in one call).
 _PAIR_MAX = 2.0**128  # a product of two bf16 values below this is finite and exact
 _PAIR_MIN = 2.0**-134  # ... and at or above this (16 significant bits above fp32's subnormal step 2^-149)
+
+
+def _cpu_fp32_gemm_is_ieee() -> bool:
+    """Whether a CPU fp32 GEMM rounds in IEEE fp32 (no TF32 or bf16 inputs): oneDNN's fp32 precision "none" or
+    "ieee" (torch >= 2.9, whose legacy getter raises once the new setters were used), else the legacy float32
+    matmul precision "highest"."""
+    onednn = getattr(torch.backends.mkldnn, "matmul", None)
+    if onednn is not None and hasattr(onednn, "fp32_precision"):
+        return onednn.fp32_precision in ("none", "ieee")
+    return torch.get_float32_matmul_precision() == "highest"
 
 
 def _first_level_by_gemm(a_DM: torch.Tensor, b_DN: torch.Tensor) -> tuple[bool, bool]:
@@ -136,7 +146,7 @@ def _first_level_by_gemm(a_DM: torch.Tensor, b_DN: torch.Tensor) -> tuple[bool, 
     """
     if a_DM.device.type != "cpu" or a_DM.shape[0] < 2:
         return False, False
-    if torch.get_float32_matmul_precision() != "highest" or torch.backends.mkldnn.matmul.fp32_precision != "none":
+    if not _cpu_fp32_gemm_is_ieee():
         return False, False
     bounds, has_zero = [], False
     for t in (a_DM, b_DN):

@@ -211,6 +211,23 @@ def test_reduced_float32_matmul_precision_keeps_the_elementwise_first_level(prec
         torch.set_float32_matmul_precision(before)
 
 
+@pytest.mark.skipif(not hasattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision"),
+                    reason="oneDNN's fp32_precision setting needs torch >= 2.9")
+@pytest.mark.parametrize("precision", ["bf16", "tf32"])
+def test_onednn_reduced_fp32_precision_keeps_the_elementwise_first_level(precision):
+    """The per-backend setter (after which torch's legacy getter raises) turns the GEMM off as well."""
+    a, b = bf16_values((5, 40), 3, False), bf16_values((6, 40), 4, False)
+    want = matmul_exact(a, b)
+    onednn = torch.backends.mkldnn.matmul
+    before = onednn.fp32_precision
+    try:
+        onednn.fp32_precision = precision
+        assert not _decides(a.t(), b.t())
+        assert_bitwise_equal(matmul_exact(a, b), want, f"matmul_exact at oneDNN fp32 precision {precision!r}")
+    finally:
+        onednn.fp32_precision = before
+
+
 def test_tiny_products_keep_the_definitions_bits():
     """Products below 2^-134 round in fp32, and a GEMM that fuses the multiply into its add (FMA) rounds them
     differently: these sums must still be the definition's, so they take the elementwise first level."""
