@@ -135,30 +135,35 @@ def _cpu_fp32_gemm_is_ieee() -> bool:
     return torch.get_float32_matmul_precision() == "highest"
 
 
-def _first_level_by_gemm(a_DM: torch.Tensor, b_DN: torch.Tensor) -> tuple[bool, bool]:
-    """Whether a two-term-dot GEMM gives the tree's first level over a_DM * b_DN bit for bit (see above), and
-    whether an operand holds a zero (only then can a product be a signed zero that needs `_signed_zeros_`).
+def _magnitude_bounds(t: torch.Tensor) -> tuple[float, float, bool]:
+    """(largest |t|, smallest nonzero |t|, any zero) for bf16 `t` (any shape), from its bits in a few integer passes;
+    NaN and inf give largest = inf; no nonzero value gives smallest = inf."""
+    mag = t.view(torch.int16) & 0x7FFF  # |t|'s bits, ordered as |t| (NaN above inf); 0 only for ±0
+    low, high = torch.aminmax(mag)
+    below = (mag - 1).bitwise_and_(0x7FFF)  # nonzero m -> m - 1; 0 -> 0x7FFF, above every nonzero m - 1
+    smallest_bits = int(below.min()) + 1
+    as_float = lambda bits: float(torch.tensor(bits, dtype=torch.int16).view(torch.bfloat16))  # noqa: E731
+    largest = float("inf") if int(high) >= 0x7F80 else as_float(int(high))
+    smallest = float("inf") if smallest_bits > 0x7FFF else as_float(smallest_bits)
+    return largest, smallest, int(low) == 0
+
+
+def _first_level_by_gemm(a: torch.Tensor, b: torch.Tensor, D: int) -> tuple[bool, bool]:
+    """Whether a two-term-dot GEMM gives the first level of the trees over the products of `a`'s and `b`'s values
+    bit for bit (see above), and whether an operand holds a zero (only then can a product be a signed zero that
+    needs `_signed_zeros_`).
 
     Args:
-        a_DM: [D, M] float32 holding bf16 values. b_DN: [D, N] float32 holding bf16 values, same device.
+        a, b: bfloat16, any shape: the operands' values (every product of an `a` value and a `b` value counts).
+        D: the length of the trees (no pair below 2).
     Returns:
         (exact, has_zero).
     """
-    if a_DM.device.type != "cpu" or a_DM.shape[0] < 2:
+    if a.device.type != "cpu" or D < 2 or a.numel() == 0 or b.numel() == 0 or not _cpu_fp32_gemm_is_ieee():
         return False, False
-    if not _cpu_fp32_gemm_is_ieee():
-        return False, False
-    bounds, has_zero = [], False
-    for t in (a_DM, b_DN):
-        mag = t.abs()
-        largest = float(mag.amax())  # NaN or inf: not exact
-        if not largest < float("inf"):
-            return False, False
-        zero = mag == 0
-        has_zero = has_zero or bool(zero.any())
-        bounds.append((largest, float(mag.masked_fill(zero, float("inf")).amin())))  # inf: all zeros
-    (a_max, a_min), (b_max, b_min) = bounds
-    return a_max * b_max < _PAIR_MAX and a_min * b_min >= _PAIR_MIN, has_zero
+    a_max, a_min, a_zero = _magnitude_bounds(a)
+    b_max, b_min, b_zero = _magnitude_bounds(b)
+    return a_max * b_max < _PAIR_MAX and a_min * b_min >= _PAIR_MIN, a_zero or b_zero
 
 
 def _signed_zeros_(out_MN: torch.Tensor, a_DM: torch.Tensor, b_DN: torch.Tensor) -> None:
@@ -176,7 +181,7 @@ def _signed_zeros_(out_MN: torch.Tensor, a_DM: torch.Tensor, b_DN: torch.Tensor)
         out_MN[m_z, n_z] = torch.where(negative_zero_Z, -0.0, 0.0)
 
 
-def _tree_dot(a_DM: torch.Tensor, b_DN: torch.Tensor) -> torch.Tensor:
+def _tree_dot(a_DM: torch.Tensor, b_DN: torch.Tensor, gemm: tuple[bool, bool] = (False, False)) -> torch.Tensor:
     """c[m, n] = tree over d of a[d, m] * b[d, n]: exact products, the contract's tree over D.
 
     Per chunk of outputs [m0:m1, n0:n1], the tree's first level goes into one buffer p [n, m1 - m0, n1 - n0]
@@ -185,6 +190,7 @@ def _tree_dot(a_DM: torch.Tensor, b_DN: torch.Tensor) -> torch.Tensor:
 
     Args:
         a_DM: [D, M] float32. b_DN: [D, N] float32, same device (unchecked: callers validate).
+        gemm: `_first_level_by_gemm` of the operands.
     Returns:
         [M, N] float32; +0.0 where D = 0.
     """
@@ -193,12 +199,12 @@ def _tree_dot(a_DM: torch.Tensor, b_DN: torch.Tensor) -> torch.Tensor:
     out_MN = torch.zeros(M, N, dtype=torch.float32, device=a_DM.device)
     if D == 0 or M == 0 or N == 0:
         return out_MN
-    pairs, has_zero = _first_level_by_gemm(a_DM, b_DN)
+    pairs, has_zero = gemm
     h = D // 2
     n = h + D % 2 if pairs else D
-    if pairs:  # [h, M, 2] and [h, 2, N]: the two terms of each first-level pair side by side
-        a_hM2 = torch.stack((a_DM[:h], a_DM[h : 2 * h]), dim=-1)
-        b_h2N = torch.stack((b_DN[:h], b_DN[h : 2 * h]), dim=1)
+    if pairs:  # [h, M, 2] and [h, 2, N] views: the two terms of each first-level pair (BLAS strides, no copy)
+        a_hM2 = a_DM[: 2 * h].view(2, h, M).permute(1, 2, 0)
+        b_h2N = b_DN[: 2 * h].view(2, h, N).permute(1, 0, 2)
     budget = _chunk_elems(a_DM.device)
     cols = min(N, max(1, budget // n))
     rows = min(M, max(1, budget // (n * cols)))
@@ -235,7 +241,8 @@ def matmul_exact(a_MD: torch.Tensor, b_ND: torch.Tensor) -> torch.Tensor:
     if b_ND.shape[1] != D:
         raise ValueError(f"b_ND: expected shape (N, {D}) with D = a_MD.shape[1], got {tuple(b_ND.shape)}")
     _device("b_ND", b_ND, a_MD.device, "a_MD")
-    return _tree_dot(a_MD.t().contiguous().float(), b_ND.t().contiguous().float())
+    gemm = _first_level_by_gemm(a_MD, b_ND, D)
+    return _tree_dot(a_MD.t().contiguous().float(), b_ND.t().contiguous().float(), gemm)
 
 
 def rows_outer_sum(a_RM: torch.Tensor, b_RN: torch.Tensor) -> torch.Tensor:
@@ -255,7 +262,8 @@ def rows_outer_sum(a_RM: torch.Tensor, b_RN: torch.Tensor) -> torch.Tensor:
     if b_RN.shape[0] != R:
         raise ValueError(f"b_RN: expected shape ({R}, N) with R = a_RM.shape[0], got {tuple(b_RN.shape)}")
     _device("b_RN", b_RN, a_RM.device, "a_RM")
-    return _tree_dot(a_RM.contiguous().float(), b_RN.contiguous().float())
+    gemm = _first_level_by_gemm(a_RM, b_RN, R)
+    return _tree_dot(a_RM.contiguous().float(), b_RN.contiguous().float(), gemm)
 
 
 def rowwise_dot(a_TH: torch.Tensor, b_TKH: torch.Tensor) -> torch.Tensor:

@@ -152,7 +152,7 @@ def edge_values(shape, seed: int) -> torch.Tensor:
 
 
 def _elementwise_first_level(monkeypatch):
-    monkeypatch.setattr(exact, "_first_level_by_gemm", lambda a, b: (False, False))
+    monkeypatch.setattr(exact, "_first_level_by_gemm", lambda a, b, D: (False, False))
 
 
 @pytest.mark.parametrize("D", [2, 3, 7, 64, 129])
@@ -166,7 +166,7 @@ def test_gemm_first_level_gives_the_elementwise_bits(D, chunks, monkeypatch):
              ("zero-rows", edge_values((M, D), D + 2) * (torch.arange(M) % 2)[:, None].to(torch.bfloat16),
               -edge_values((N, D), D + 3).abs())]
     for kind, a, b in cases:
-        assert exact._first_level_by_gemm(a.t().float(), b.t().float())[0], f"{kind}: the GEMM level is not taken"
+        assert exact._first_level_by_gemm(a, b, D)[0], f"{kind}: the GEMM level is not taken"
         want = torch.from_numpy(tree_def(products_def(as_np(a)[:, None, :], as_np(b)[None, :, :])))
         assert_bitwise_equal(matmul_exact(a, b), want, f"matmul_exact D={D} {kind} (GEMM first level)")
         assert_bitwise_equal(rows_outer_sum(a.t().contiguous(), b.t().contiguous()), want,
@@ -179,7 +179,7 @@ def test_gemm_first_level_gives_the_elementwise_bits(D, chunks, monkeypatch):
 
 
 def _decides(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return exact._first_level_by_gemm(a.float(), b.float())[0]
+    return exact._first_level_by_gemm(a, b, a.shape[-1])[0]
 
 
 def test_gemm_first_level_only_where_every_product_is_exact_and_finite():
@@ -194,7 +194,10 @@ def test_gemm_first_level_only_where_every_product_is_exact_and_finite():
         with_special[1, 2] = special
         assert not _decides(with_special, ones), special
         assert not _decides(ones, with_special), special
-    assert not exact._first_level_by_gemm(ones[:1].float(), ones[:1].float())[0]  # D = 1: no pair
+    assert not exact._first_level_by_gemm(ones[:, :1], ones[:, :1], 1)[0]  # D = 1: no pair
+    subnormal = ones * 2.0**-130  # a bf16 subnormal
+    assert _decides(subnormal, ones)  # 2^-130: exact
+    assert not _decides(subnormal, ones * 2.0**-5)  # 2^-135
 
 
 @pytest.mark.parametrize("precision", ["high", "medium"])
@@ -205,7 +208,7 @@ def test_reduced_float32_matmul_precision_keeps_the_elementwise_first_level(prec
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision(precision)
-        assert not _decides(a.t(), b.t())
+        assert not _decides(a, b)
         assert_bitwise_equal(matmul_exact(a, b), want, f"matmul_exact at float32 matmul precision {precision!r}")
     finally:
         torch.set_float32_matmul_precision(before)
@@ -222,7 +225,7 @@ def test_onednn_reduced_fp32_precision_keeps_the_elementwise_first_level(precisi
     before = onednn.fp32_precision
     try:
         onednn.fp32_precision = precision
-        assert not _decides(a.t(), b.t())
+        assert not _decides(a, b)
         assert_bitwise_equal(matmul_exact(a, b), want, f"matmul_exact at oneDNN fp32 precision {precision!r}")
     finally:
         onednn.fp32_precision = before
@@ -237,3 +240,20 @@ def test_tiny_products_keep_the_definitions_bits():
     b = (sign(24, 256) * (1 + torch.rand(24, 256, generator=g)) * 2.0**-69).to(torch.bfloat16)  # [2^-138, 2^-136)
     want = torch.from_numpy(tree_def(products_def(as_np(a)[:, None, :], as_np(b)[None, :, :])))
     assert_bitwise_equal(matmul_exact(a, b), want, "matmul_exact of tiny products")
+
+
+def test_magnitude_bounds_from_bits_match_the_values():
+    """The exactness check's integer bounds against the same bounds taken on the float values."""
+    for seed in range(6):
+        t = edge_values((37, 29), seed)
+        if seed % 2:
+            t[3, 4] = 2.0**-133  # a bf16 subnormal
+        mag = t.float().abs()
+        nonzero = mag[mag != 0]
+        want = (float(mag.max()), float(nonzero.min()) if nonzero.numel() else float("inf"), bool((mag == 0).any()))
+        assert exact._magnitude_bounds(t) == want, seed
+    assert exact._magnitude_bounds(torch.zeros(3, dtype=torch.bfloat16)) == (0.0, float("inf"), True)
+    assert exact._magnitude_bounds(-torch.zeros(3, dtype=torch.bfloat16)) == (0.0, float("inf"), True)
+    for special in (float("inf"), float("-inf"), float("nan")):
+        t = torch.tensor([1.0, special, -2.0**-5], dtype=torch.bfloat16)
+        assert exact._magnitude_bounds(t) == (float("inf"), 2.0**-5, False), special
