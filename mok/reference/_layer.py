@@ -72,8 +72,8 @@ def _swiglu_expert(x_RH, w_gate_IH, w_up_IH, w_down_HI, precision: str):
     act, wt = OPERANDS[precision]
     I = w_gate_IH.shape[0]
     # gate and up in one call (each output is its own tree, so the bits are those of two calls)
-    gu = matmul_exact(act(x_RH), torch.cat([wt(w_gate_IH), wt(w_up_IH)], dim=0))
-    g, u = gu[:, :I].contiguous(), gu[:, I:].contiguous()  # own storage each: they are saved and returned
+    gu_R2I = matmul_exact(act(x_RH), torch.cat([wt(w_gate_IH), wt(w_up_IH)], dim=0))
+    g, u = gu_R2I[:, :I].contiguous(), gu_R2I[:, I:].contiguous()  # own storage each: they are saved and returned
     a = bf16(silu_exact(g) * u)
     o = bf16(matmul_exact(act(a), wt(w_down_HI)))
     return g, u, a, o
@@ -213,9 +213,9 @@ def _swiglu_expert_backward(go_RH, x_RH, rows: ExpertRows, w_gate_IH, w_up_IH, w
 def _gate_up_weight_grads(dg_RI, du_RI, x_RH):
     """(d_gate, d_up) fp32 [I, H] each, from one `rows_outer_sum` (each output is its own tree); each has its own
     storage (they are returned as separate gradients)."""
-    d_gu = rows_outer_sum(torch.cat([dg_RI, du_RI], dim=1), x_RH)
+    d_gu_2IH = rows_outer_sum(torch.cat([dg_RI, du_RI], dim=1), x_RH)
     I = dg_RI.shape[1]
-    return d_gu[:I].clone(), d_gu[I:].clone()
+    return d_gu_2IH[:I].clone(), d_gu_2IH[I:].clone()
 
 
 @torch.no_grad()
