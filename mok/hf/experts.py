@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from ..nn import backend as _backend
-from ..reference import check_precision
 from ..nn import ops
+from ..nn.routing_inputs import check_routing_dtypes
+from ..reference import check_precision
 
 NAME = "mok"
 
@@ -101,26 +102,11 @@ def _weights(experts: nn.Module, H: int):
     return gate_up.contiguous(), down.contiguous()
 
 
-# ids widen to int64 exactly (uint64 could wrap); weights widen to fp32 exactly (float64 would be rounded)
-_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def _check_inputs(hidden_states, top_k_index, top_k_weights) -> None:
-    """Types, dtypes and shapes of the experts function's inputs, named as transformers names them: nothing is
-    truncated (float ids), rounded (float64 weights) or reinterpreted (integer weights) on the way in."""
-    for name, t in (("hidden_states", hidden_states), ("top_k_index", top_k_index),
-                    ("top_k_weights", top_k_weights)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if hidden_states.dtype not in (torch.float32, torch.bfloat16):
-        raise TypeError(f"hidden_states: expected dtype torch.float32 or torch.bfloat16, got {hidden_states.dtype}")
-    if top_k_index.dtype not in _ID_DTYPES:
-        raise TypeError(f"top_k_index: expected integer expert ids (dtype torch.int64 or another of {_ID_DTYPES}), "
-                        f"got {top_k_index.dtype}")
-    if top_k_weights.dtype not in _WEIGHT_DTYPES:
-        raise TypeError(f"top_k_weights: expected floating routing weights of dtype torch.float32, torch.bfloat16 or "
-                        f"torch.float16 (exact in float32), got {top_k_weights.dtype}")
+    """Types, dtypes (`check_routing_dtypes`) and shapes of the experts function's inputs, named as transformers
+    names them."""
+    check_routing_dtypes(("hidden_states", hidden_states), ("top_k_index", top_k_index),
+                         ("top_k_weights", top_k_weights))
     if hidden_states.dim() != 2:
         raise ValueError(f"hidden_states: expected 2 dimensions [T, H], got shape {tuple(hidden_states.shape)}")
     T = hidden_states.shape[0]

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 from torchtitan.models.common.moe import RoutedExperts
 
 from ..nn import backend as _backend
 from ..nn import ops
-
-_SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # widened to float32 exactly
+from ..nn.routing_inputs import check_routing_dtypes
 
 
 def _local(name: str, w: Tensor) -> Tensor:
@@ -49,16 +47,11 @@ def _local(name: str, w: Tensor) -> Tensor:
 
 
 def _check_routing(topk_scores_BLK: Tensor, topk_expert_ids_BLK: Tensor, x_BLD: Tensor) -> None:
-    """Dtypes and shapes of the router's outputs, named as torchtitan names them."""
+    """Dtypes (`check_routing_dtypes`) and shapes of the router's outputs, named as torchtitan names them."""
+    check_routing_dtypes(("x_BLD", x_BLD), ("topk_expert_ids_BLK", topk_expert_ids_BLK),
+                         ("topk_scores_BLK", topk_scores_BLK))
     if x_BLD.dim() != 3:
         raise ValueError(f"x_BLD: expected 3 dimensions [B, L, D], got shape {tuple(x_BLD.shape)}")
-    if x_BLD.dtype not in (torch.float32, torch.bfloat16):
-        raise TypeError(f"x_BLD: expected dtype torch.float32 or torch.bfloat16, got {x_BLD.dtype}")
-    if topk_expert_ids_BLK.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"topk_expert_ids_BLK: expected int64 or int32 expert ids, got {topk_expert_ids_BLK.dtype}")
-    if topk_scores_BLK.dtype not in _SCORE_DTYPES:
-        raise TypeError(f"topk_scores_BLK: expected float32, bfloat16 or float16 scores (exact in float32), got "
-                        f"{topk_scores_BLK.dtype}")
     if topk_scores_BLK.shape != topk_expert_ids_BLK.shape or tuple(topk_scores_BLK.shape[:2]) != tuple(
             x_BLD.shape[:2]):
         raise ValueError(f"topk_scores_BLK, topk_expert_ids_BLK: expected one shape [B, L, K] with x_BLD's B, L "
@@ -108,7 +101,8 @@ class MokRoutedExperts(RoutedExperts):
         Args:
             x_BLD: [B, L, D] float32 or bfloat16, this rank's tokens (rounded to bf16 inside, as GroupedExperts does).
             topk_scores_BLK: [B, L, K] routing scores (float32 from torchtitan's router), applied after the experts.
-            topk_expert_ids_BLK: [B, L, K] int64 global expert ids, distinct per token.
+            topk_expert_ids_BLK: [B, L, K] global expert ids (int64, or an integer dtype that widens to it exactly),
+                distinct per token.
             num_local_tokens_per_expert_E: [E] token counts; unused (mok's layer counts its own rows).
         Returns:
             [B, L, D] in x_BLD's dtype: one bf16 rounding of the weighted sum per token, then x_BLD's dtype.
