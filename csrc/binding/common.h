@@ -127,6 +127,19 @@ void check_at_least(const char* name, int64_t v, int64_t lo) {
   TORCH_CHECK_VALUE(v >= lo, name, ": expected at least ", lo, ", got ", v);
 }
 
+// The device-side error flag every layer kernel reads or raises: int32 [1].
+void check_flag(const at::Tensor& flag, const at::Device& dev) {
+  check_tensor("flag", flag, at::kInt, dev);
+  check_shape("flag", flag, {1}, nullptr);
+}
+
+// A schedule's offsets read for L local experts: int32 with at least L+1 entries.
+void check_offsets(const at::Tensor& offsets, int64_t L, const at::Device& dev) {
+  check_tensor("offsets", offsets, at::kInt, dev);
+  TORCH_CHECK_VALUE(offsets.numel() >= L + 1, "offsets: expected at least L+1 = ", L + 1, " entries (L = ", L,
+                    "), got ", offsets.numel());
+}
+
 // ---------------------------------------------------------------- the launch
 
 // What every kernel call needs once its arguments are checked: a CUDA device (the tensors'), the kernels, that

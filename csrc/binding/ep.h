@@ -27,9 +27,7 @@ std::tuple<int64_t, int64_t, int64_t> check_exchange(const char* name, const at:
   TORCH_CHECK_VALUE(row_pair.numel() >= rows.size(0), "row_pair: expected at least capacity = ", rows.size(0),
                     " entries (one per row of ", name, "), got ", row_pair.numel());
   check_at_least("L", L, 1);
-  check_tensor("offsets", offsets, at::kInt, dev);
-  TORCH_CHECK_VALUE(offsets.numel() >= L + 1, "offsets: expected at least L+1 = ", L + 1, " entries (L = ", L,
-                    "), got ", offsets.numel());
+  check_offsets(offsets, L, dev);
   check_at_least("per_rank", per_rank, 1);
   return {rows.size(0), rows.size(1), W};
 }

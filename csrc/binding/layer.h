@@ -25,8 +25,7 @@ void schedule(const at::Tensor& topk_idx, int64_t E, int64_t e0, int64_t L, int6
                     " entries, got ", row_pair.numel());
   check_tensor("pair_row", pair_row, at::kInt, dev);
   check_shape("pair_row", pair_row, {T * K}, "(T*K,)", "topk_idx [T, K]");
-  check_tensor("flag", flag, at::kInt, dev);
-  check_shape("flag", flag, {1}, nullptr);
+  check_flag(flag, dev);
   const int t = as_int("T", T), k = as_int("K", K);
   as_int("T*K", T * K);
   Launch l(dev, "topk_idx");
@@ -56,10 +55,8 @@ void gather_rows(const at::Tensor& x_TH, const at::Tensor& pair_row, int64_t cap
 void check_rows(const std::optional<at::Tensor>& offsets, int64_t L, int64_t fixed_rows, int64_t capacity,
                 const at::Device& dev) {
   if (offsets) {
-    check_tensor("offsets", *offsets, at::kInt, dev);
     check_at_least("L", L, 0);
-    TORCH_CHECK_VALUE(offsets->numel() >= L + 1, "offsets: expected at least L+1 = ", L + 1, " entries (L = ", L,
-                      "), got ", offsets->numel());
+    check_offsets(*offsets, L, dev);
   }
   TORCH_CHECK_VALUE(fixed_rows >= 0 && fixed_rows <= capacity, "fixed_rows: expected 0 <= fixed_rows <= capacity = ",
                     capacity, ", got ", fixed_rows);
@@ -108,8 +105,7 @@ int64_t check_pairs(const at::Device& dev, int64_t T, int64_t K, const at::Tenso
   check_tensor("pair_row", pair_row, at::kInt, dev);
   TORCH_CHECK_VALUE(pair_row.sizes().equals({T * K}), "pair_row: expected shape (T*K,) = (", T * K, ",) for T = ", T,
                     " and K = ", K, ", got ", shape(pair_row.sizes()));
-  check_tensor("flag", flag, at::kInt, dev);
-  check_shape("flag", flag, {1}, nullptr);
+  check_flag(flag, dev);
   return K;
 }
 
@@ -187,11 +183,8 @@ void zero_empty(const at::Tensor& d, const at::Tensor& offsets, int64_t L, const
   check_at_least("L", L, 1);
   TORCH_CHECK_VALUE(d.dim() >= 1 && d.size(0) == L, "d: expected L = ", L, " expert blocks [L, ...], got shape ",
                     shape(d.sizes()));
-  check_tensor("offsets", offsets, at::kInt, dev);
-  TORCH_CHECK_VALUE(offsets.numel() >= L + 1, "offsets: expected at least L+1 = ", L + 1, " entries (L = ", L,
-                    "), got ", offsets.numel());
-  check_tensor("flag", flag, at::kInt, dev);
-  check_shape("flag", flag, {1}, nullptr);
+  check_offsets(offsets, L, dev);
+  check_flag(flag, dev);
   Launch l(dev, "d");
   MOK_CALL(l, mok_zero_empty, d.data_ptr(), offsets.data_ptr<int>(), as_int("L", L),
            d.numel() / L * static_cast<int64_t>(d.element_size()) / 2, flag.data_ptr<int>());
@@ -201,8 +194,7 @@ void poison(const at::Tensor& t, const at::Tensor& flag) {
   const auto dev = t.device();
   check_fp32_or_bf16("t", t);
   check_tensor("t", t, t.scalar_type(), dev);
-  check_tensor("flag", flag, at::kInt, dev);
-  check_shape("flag", flag, {1}, nullptr);
+  check_flag(flag, dev);
   Launch l(dev, "t");
   MOK_CALL(l, mok_poison, t.data_ptr(), t.numel(), t.scalar_type() == at::kBFloat16 ? 1 : 0, flag.data_ptr<int>());
 }
