@@ -19,7 +19,9 @@ bits checked), each method timed in turn within every rep, min of --reps:
 
 Methods: mok; mok_gu (mok with gate and up as the halves of one [gate; up] tensor, as mok.MoE and transformers pass
 them); grouped_mm; sonic (SonicMoE 0.1.2 through peers.py; routed experts only, so shapes with a shared expert skip
-it, saying so); naive. --suite runs mok, grouped_mm and, when `sonicmoe` imports, sonic.
+it, saying so); naive; mok_fp8 (mok.fast with precision="fp8"); scaled_gmm_fp8 (torch._scaled_grouped_mm with
+rowwise FP8 scales, forward only: its rows leave fwd+bwd empty). --suite runs mok, grouped_mm and, when `sonicmoe`
+imports, sonic.
 """
 from __future__ import annotations
 
@@ -197,7 +199,7 @@ class Method:
             if isinstance(v, torch.Tensor) and v.requires_grad:
                 v.grad = None
         y = self.fn()
-        if not y.requires_grad:  # a forward-only peer: its fwd+bwd is its forward
+        if not y.requires_grad:  # a forward-only peer: no backward, no d_x
             return y, None
         y.backward(self.inp["dy"])
         return y, self.leaves["x"].grad
@@ -212,7 +214,8 @@ def peak_gib(max_allocated: int, resident: int, input_bytes: int) -> float:
 
 def losses(rows: list[dict]) -> list[str]:
     """Two lines: where a mok method (mok, mok_gu) is slower than a peer (a method not named mok*) of the same config
-    and routing, forward or forward+backward, and where its peak memory is higher; "none" when nowhere."""
+    and routing, forward or forward+backward, and where its peak memory is higher (peers timed forward+backward
+    only); "none" when nowhere."""
     slower, bigger = [], []
     for m in rows:
         if not m["method"].startswith("mok"):
@@ -220,14 +223,21 @@ def losses(rows: list[dict]) -> list[str]:
         for p in rows:
             if p["method"].startswith("mok") or (p["shape"], p["routing"]) != (m["shape"], m["routing"]):
                 continue
-            lost = [name for name, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fwd_bwd_ms")) if p[key] < m[key]]
+            lost = [name for name, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fwd_bwd_ms"))
+                    if p[key] is not None and m[key] is not None and p[key] < m[key]]
             where = f"{m['shape']} {m['routing']} {m['method']} vs {p['method']}"
             if lost:
                 slower.append(f"{where} ({', '.join(lost)})")
-            if p["peak_gib"] < m["peak_gib"]:
+            # a forward-only peer's peak is a forward's: not compared
+            if p["fwd_bwd_ms"] is not None and p["peak_gib"] < m["peak_gib"]:
                 bigger.append(f"{where} ({m['peak_gib']:.2f} against {p['peak_gib']:.2f} GiB)")
     return [f"mok slower than a peer on: {', '.join(slower) or 'none'}",
             f"mok's peak memory above a peer's on: {', '.join(bigger) or 'none'}"]
+
+
+def _ms(t: float | None) -> str:
+    """A time in ms for the printed table, "-" where it was not measured."""
+    return "-" if t is None else f"{t:.2f}"
 
 
 def mok_row(rows: list[dict], r: dict) -> dict | None:
@@ -444,6 +454,7 @@ def main() -> None:
                 except (RuntimeError, TypeError, ValueError) as e:  # a peer PyTorch lacks here
                     print(f"  {c['name']:16s} {routing:7s} {m:10s} skipped: {str(e).splitlines()[0][:200]}")
                     continue
+                forward_only = dx is None
                 ey, edx = rel_error(y, y_ref), (rel_error(dx, dx_ref) if dx is not None else 0.0)
                 limit = FP8_CHECK_REL_ERR if m in FP8_METHODS else CHECK_REL_ERR
                 ok = ey < limit and edx < limit
@@ -457,15 +468,17 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats()
                 resident = torch.cuda.memory_allocated()  # this method's inputs, and what the others share
                 t_f = timed(meth.fwd, a.warmup, a.reps, a.timing)
-                t_fb = timed(meth.fwd_bwd, a.warmup, a.reps, a.timing)
+                # a forward-only peer (no autograd: scaled_gmm_fp8) has no fwd+bwd time: its row leaves it empty
+                t_fb = None if forward_only else timed(meth.fwd_bwd, a.warmup, a.reps, a.timing)
                 mem = peak_gib(torch.cuda.max_memory_allocated(), resident, meth.input_bytes())
-                tflops = 3 * fwd_flops / t_fb / 1e9
+                tflops = None if t_fb is None else 3 * fwd_flops / t_fb / 1e9
                 rows.append(dict(header, benchmark="layer", shape=c["name"], **{k: c[k] for k in "THIEKS"},
                                  routing=routing, method=m, fwd_ms=t_f, fwd_bwd_ms=t_fb, fwd_bwd_tflops=tflops,
-                                 peak_tflops=peak, pct_of_peak=100 * tflops / peak, peak_gib=mem))
+                                 peak_tflops=peak, pct_of_peak=None if tflops is None else 100 * tflops / peak,
+                                 peak_gib=mem))
                 if record:  # row by row, so a run cut short keeps what it measured
                     results.append(rows[-1:], record)
-                print(f"  {c['name']:16s} {routing:7s} {m:10s} fwd {t_f:8.2f} ms  fwd+bwd {t_fb:8.2f} ms  "
+                print(f"  {c['name']:16s} {routing:7s} {m:10s} fwd {t_f:8.2f} ms  fwd+bwd {_ms(t_fb):>8s} ms  "
                       f"y err {ey:.1e} dx err {edx:.1e}  peak {mem:.2f} GiB", flush=True)
                 del meth
                 torch.cuda.empty_cache()
@@ -477,9 +490,12 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mk = mok_row(rows, r)
-        sp = f"{mk['fwd_ms'] / r['fwd_ms']:.2f} / {mk['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}" if mk else "-"
-        print(f"| {r['shape']} | {r['routing']} | {r['method']} | {r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | "
-              f"{r['fwd_bwd_tflops']:.0f} | {r['pct_of_peak']:.0f}% | {sp} | {r['peak_gib']:.2f} |")
+        fb = (f"{mk['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}" if mk and r["fwd_bwd_ms"] and mk["fwd_bwd_ms"] else "-")
+        sp = f"{mk['fwd_ms'] / r['fwd_ms']:.2f} / {fb}" if mk else "-"
+        tf = "-" if r["fwd_bwd_tflops"] is None else f"{r['fwd_bwd_tflops']:.0f}"
+        pct = "-" if r["pct_of_peak"] is None else f"{r['pct_of_peak']:.0f}%"
+        print(f"| {r['shape']} | {r['routing']} | {r['method']} | {r['fwd_ms']:.2f} | {_ms(r['fwd_bwd_ms'])} | "
+              f"{tf} | {pct} | {sp} | {r['peak_gib']:.2f} |")
     print()
     print("\n".join(losses(rows)))
     if record:
