@@ -93,6 +93,22 @@ int run_cutlass(typename Gemm::Arguments& args, void* workspace, size_t arrays_b
   return 0;
 }
 
+// The linear epilogue's arguments (the bf16 and FP8 grouped GEMMs alike): D = the accumulator (alpha 1, beta 0, no
+// C), at the per-group pointers `d` with strides `sd`.
+template <class EpilogueArguments, class PtrD, class StrideD>
+EpilogueArguments linear_epilogue_args(PtrD d, StrideD sd) {
+  EpilogueArguments args{};
+  args.thread.alpha = 1.0f;
+  args.thread.beta = 0.0f;
+  args.thread.alpha_ptr = nullptr;
+  args.thread.beta_ptr = nullptr;
+  args.ptr_C = nullptr;
+  args.dC = sd;
+  args.ptr_D = d;
+  args.dD = sd;
+  return args;
+}
+
 // Epilogues: D = the accumulator rounded to D's type (CUTLASS's TMA epilogue), the SwiGLU backward of
 // it (epilogue_swiglu_bwd.cuh: D bf16 [dg | du], reading C = the fp32 [p | q] the forward kept), or the SwiGLU
 // forward (epilogue_swiglu_fwd.cuh, after the paired-B mainloop of mainloop_gate_up.cuh: D fp32 [p | q] and
@@ -225,16 +241,7 @@ struct GroupedGemm {
       args.dD = arr.sd;
       return args;  // the staged epilogues' store targets: run_grouped sets them from the segments
     } else {
-      typename GemmKernel::EpilogueArguments args{};
-      args.thread.alpha = 1.0f;
-      args.thread.beta = 0.0f;
-      args.thread.alpha_ptr = nullptr;
-      args.thread.beta_ptr = nullptr;
-      args.ptr_C = nullptr;
-      args.dC = arr.sd;
-      args.ptr_D = arr.d;
-      args.dD = arr.sd;
-      return args;
+      return linear_epilogue_args<typename GemmKernel::EpilogueArguments>(arr.d, arr.sd);
     }
   }
 

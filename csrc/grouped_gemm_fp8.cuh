@@ -89,19 +89,10 @@ struct GroupedGemmFp8 {
   }
 
   static typename Gemm::Arguments make_args(Arrays arr, int groups, int device) {
-    typename GemmKernel::EpilogueArguments epi{};
-    epi.thread.alpha = 1.0f;
-    epi.thread.beta = 0.0f;
-    epi.thread.alpha_ptr = nullptr;
-    epi.thread.beta_ptr = nullptr;
-    epi.ptr_C = nullptr;
-    epi.dC = arr.sd;
-    epi.ptr_D = arr.d;
-    epi.dD = arr.sd;
     return typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
                                     {groups, arr.shapes, nullptr},
                                     {arr.a, arr.sa, arr.b, arr.sb, arr.sfa, arr.lsfa, arr.sfb, arr.lsfb},
-                                    epi,
+                                    linear_epilogue_args<typename GemmKernel::EpilogueArguments>(arr.d, arr.sd),
                                     hw_info(device)};
   }
 
