@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .bits import bit_diff
+from .bits import assert_outputs_bitwise_equal, bit_diff
 from .cases import LAYER_ARGS, OUTPUT_NAMES
 
 
@@ -37,6 +37,33 @@ def run_layer(inputs: dict, *, impl=None, group=None, precision: str = "bf16") -
     y, ctx = impl.forward(*(inputs[a] for a in LAYER_ARGS), group=group, **kw)
     grads = impl.backward(ctx, inputs["dy"])
     return dict(zip(OUTPUT_NAMES, (y, *grads)))
+
+
+def capture_layer(static: dict, **kw) -> tuple:
+    """`run_layer(static, **kw)` captured in a CUDA graph, after two warm-up runs on a side stream (as
+    torch.cuda.graphs asks). Returns (the torch.cuda.CUDAGraph, its outputs {name: tensor or None})."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run_layer(static, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run_layer(static, **kw)
+    return graph, out
+
+
+def assert_replays_equal(graph, out: dict, expected: dict, label: str, replays: int = 3) -> None:
+    """Replay `graph` `replays` times, its outputs `out` overwritten with 7 before each replay, and compare them
+    bitwise with `expected` after each (`assert_outputs_bitwise_equal`)."""
+    for _ in range(replays):
+        for v in out.values():
+            if v is not None:
+                v.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_outputs_bitwise_equal(out, expected, label)
 
 
 def unshard_outputs(parts: list) -> dict:

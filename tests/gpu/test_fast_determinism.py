@@ -8,7 +8,7 @@ from mok.testing.bits import assert_bitwise_equal, assert_outputs_bitwise_equal,
 from mok.fast import _tiles
 from mok.fast._checks import stacked_gate_up
 from mok.testing.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs, with_stacked_gate_up
-from mok.testing.runner import run_layer
+from mok.testing.runner import assert_replays_equal, capture_layer, run_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
@@ -62,22 +62,8 @@ def test_cuda_graph_replay_matches_eager(inputs):
     static = {k: (v.clone() if v is not None else None) for k, v in inputs.items()}
     if stacked_gate_up(inputs["routed_gate"], inputs["routed_up"]) is not None:
         static = with_stacked_gate_up(static)  # clone() made the halves separate tensors
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            run_layer(static, impl=mok.fast)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run_layer(static, impl=mok.fast)
-    for _ in range(3):
-        for v in out.values():
-            if v is not None:
-                v.fill_(7)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_outputs_bitwise_equal(out, eager, "graph replay")
+    graph, out = capture_layer(static, impl=mok.fast)
+    assert_replays_equal(graph, out, eager, "graph replay")
     # new data copied into the static inputs flows through the graph
     fresh = make_inputs(CFG, seed=4, routing="random", device="cuda")
     for k, v in fresh.items():

@@ -14,7 +14,7 @@ from mok.reference import quantize_blocks_128x128, quantize_rows_1x128
 from mok.testing.bits import assert_bitwise_equal, assert_outputs_bitwise_equal, raw_bits
 from mok.testing.cases import LAYER_ARGS, OUTPUT_NAMES, MoEConfig, make_inputs, with_stacked_gate_up
 from mok.testing.plain_fp8 import plain_fp8_outputs
-from mok.testing.runner import run_layer
+from mok.testing.runner import assert_replays_equal, capture_layer, run_layer
 from mok.testing.tolerance import error_table
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
@@ -172,23 +172,8 @@ def test_a_prefix_of_the_batch_gets_its_rows_bits(inputs):
 
 def test_cuda_graph_replay_equals_eager(inputs):
     eager = run_layer(inputs, impl=mok.fast, precision="fp8")  # also quantises the weights (cached)
-    static = dict(inputs)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            run_layer(static, impl=mok.fast, precision="fp8")
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run_layer(static, impl=mok.fast, precision="fp8")
-    for _ in range(3):
-        for v in out.values():
-            if v is not None:
-                v.fill_(7)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_outputs_bitwise_equal(out, eager, "graph replay")
+    graph, out = capture_layer(dict(inputs), impl=mok.fast, precision="fp8")
+    assert_replays_equal(graph, out, eager, "graph replay")
 
 
 def test_weights_are_quantised_once_per_version(inputs):
