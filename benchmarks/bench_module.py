@@ -9,7 +9,8 @@ For each config, one forward+backward of:
   plain module             a plain PyTorch MoE: F.linear router, softmax top-k (renormalised), the
                            grouped_mm path, a Switch load-balancing loss; bf16 parameters, autograd.
 With --precisions: mok.MoE (bf16 parameters, fast backend) alone, forward (autograd on, as in training) and a
-training step, once per recipe (precision="bf16" / "fp8"), queued timing.
+training step, once per recipe (precision="bf16" / "fp8"), queued timing, and the step's peak GiB above what was
+resident before the module was made.
 Medians of CUDA-event timings in both modes of `bench_moe.timed`: "stream" (reps back to back, one
 host sync at the end: a training loop) and "sync" (host waits after each rep: an isolated call, CPU
 launch time included). module / layer is the cost of everything around the layer. Peak GiB (bf16 parameters):
@@ -30,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mok  # noqa: E402
 import mok.fast  # noqa: E402
 import results  # noqa: E402
-from bench_moe import CONFIGS, SUITE, bf16_peak_tflops, load_configs, named_configs, timed  # noqa: E402
+from bench_moe import (CONFIGS, SUITE, bf16_peak_tflops, fp8_peak_tflops, load_configs, named_configs,  # noqa: E402
+                       timed)
 from peers import grouped_mm_path  # noqa: E402
 
 LAYER_ARGS = ("x", "topk_idx", "topk_weight", "shared_gate", "shared_up", "shared_down", "routed_gate",
@@ -154,9 +156,12 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
     return rows
 
 
-def run_precisions(configs, precisions: list[str], warmup: int, reps: int) -> None:
+def run_precisions(configs, precisions: list[str], warmup: int, reps: int, header: dict) -> list[dict]:
     """mok.MoE forward and forward+backward per recipe (module docstring); prints one line per config and recipe
-    and a table."""
+    and a table; returns the results file's rows (benchmark "module_precision", method "mok.MoE <recipe>", each
+    recipe's row taking its own matmul rate as its peak)."""
+    peaks = {"bf16": bf16_peak_tflops(), **({"fp8": fp8_peak_tflops()} if "fp8" in precisions else {})}
+    print("matmul peaks measured (8192^3): " + ", ".join(f"{p} {v:.0f} TFLOP/s" for p, v in peaks.items()))
     rows = []
     for c in configs:
         T, H, I, E, K, S = (c[k] for k in "THIEKS")
@@ -165,23 +170,37 @@ def run_precisions(configs, precisions: list[str], warmup: int, reps: int) -> No
         x = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
         dy = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16)
         for prec in precisions:
+            gc.collect()
+            torch.cuda.synchronize()
+            resident = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
             torch.manual_seed(0)
             m = mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=torch.bfloat16, device="cuda",
                         precision=prec)
             assert m.backend_in_use == "fast", m.backend_reason
             t_f = timed(lambda m=m: m(x), warmup, reps, "stream")
             t_fb = timed(lambda m=m: _module_step(m, x, dy), warmup, reps, "stream")
-            rows.append((c["name"], prec, t_f, t_fb, flops / t_f / 1e9, 3 * flops / t_fb / 1e9))
-            print(f"  {c['name']:16s} {prec:5s} fwd {t_f:8.2f} ms  fwd+bwd {t_fb:8.2f} ms", flush=True)
+            mem = (torch.cuda.max_memory_allocated() - resident) / 2**30
+            tflops = 3 * flops / t_fb / 1e9
+            rows.append(dict(header, benchmark="module_precision", shape=c["name"], **{k: c[k] for k in "THIEKS"},
+                             routing="router", method=f"mok.MoE {prec}", fwd_ms=t_f, fwd_bwd_ms=t_fb,
+                             fwd_bwd_tflops=tflops, peak_tflops=peaks[prec], pct_of_peak=100 * tflops / peaks[prec],
+                             peak_gib=mem))
+            print(f"  {c['name']:16s} {prec:5s} fwd {t_f:8.2f} ms  fwd+bwd {t_fb:8.2f} ms  peak {mem:.2f} GiB",
+                  flush=True)
             del m
             torch.cuda.empty_cache()
     print()
-    print("| config | precision | mok.MoE fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | fwd+bwd time vs bf16 |")
-    print("|---|---|---|---|---|---|---|")
-    for name, prec, t_f, t_fb, tf_f, tf_fb in rows:
-        base = next((r for r in rows if r[0] == name and r[1] == "bf16"), None)
-        ratio = f"{t_fb / base[3]:.2f}" if base else "-"
-        print(f"| {name} | {prec} | {t_f:.2f} | {t_fb:.2f} | {tf_f:.0f} | {tf_fb:.0f} | {ratio} |")
+    print("| config | precision | mok.MoE fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | bf16 time / this, "
+          "fwd / fwd+bwd | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        base = next((b for b in rows if b["shape"] == r["shape"] and b["method"] == "mok.MoE bf16"), None)
+        ratio = f"{base['fwd_ms'] / r['fwd_ms']:.2f} / {base['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}" if base else "-"
+        fwd_tflops = r["fwd_bwd_tflops"] * r["fwd_bwd_ms"] / 3 / r["fwd_ms"]
+        print(f"| {r['shape']} | {r['method'].split()[-1]} | {r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | "
+              f"{fwd_tflops:.0f} | {r['fwd_bwd_tflops']:.0f} | {ratio} | {r['peak_gib']:.2f} |")
+    return rows
 
 
 def result_rows(rows: list[dict], configs: list[dict], header: dict, peak: float) -> list[dict]:
@@ -216,7 +235,9 @@ def main() -> None:
         bad = [p for p in precisions if p not in ("bf16", "fp8")]
         if bad:
             ap.error(f"--precisions: unknown {bad}; expected bf16, fp8")
-        run_precisions(configs, precisions, a.warmup, a.reps)
+        rows = run_precisions(configs, precisions, a.warmup, a.reps, results.run_header())
+        if results.record_path(a):
+            results.append(rows, results.record_path(a))
         return
     header = results.run_header()
     peak = bf16_peak_tflops()

@@ -22,7 +22,8 @@ CHART = ROOT / "docs" / "results.png"
 FIELDS = ("run", "commit", "gpu", "torch", "cuda", "benchmark", "shape", "T", "H", "I", "E", "K", "S", "routing",
           "method", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_tflops", "peak_tflops", "pct_of_peak", "peak_gib", "command")
 PEER_NAMES = {"mok": "mok", "grouped_mm": "grouped_mm path", "sonic": "SonicMoE", "naive": "naive loop",
-              "mok.MoE": "mok.MoE", "plain": "plain PyTorch module"}
+              "mok.MoE": "mok.MoE", "plain": "plain PyTorch module", "mok_fp8": "mok fp8",
+              "scaled_gmm_fp8": "torch._scaled_grouped_mm FP8"}
 
 
 def git_commit() -> str:
@@ -108,7 +109,7 @@ def _by_shape(rows: list[dict]) -> dict[str, dict[str, dict]]:
 
 
 def _about(rows: list[dict]) -> str:
-    r = rows[0]
+    r = next((r for r in rows if r["method"] not in ("mok_fp8", "scaled_gmm_fp8", "mok.MoE fp8")), rows[0])
     return (f"{r['gpu']}, torch {r['torch']}, CUDA {r['cuda']}, commit {r['commit']}, {r['run']}; "
             f"bf16 matmul peak measured in the run: {float(r['peak_tflops']):.0f} TFLOP/s.\n"
             f"Command: `{r['command']}`")
@@ -134,6 +135,51 @@ def layer_table(rows: list[dict]) -> list[str]:
                       _ratio(_num(pr, "fwd_bwd_ms"), _num(mk, "fwd_bwd_ms"))]
         cells.append(" / ".join(_ms(_num(by.get(m), "peak_gib")) for m in ["mok", *peers]))
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _fwd_tflops(r: dict | None) -> float | None:
+    """A row's forward rate: 2·T·H·(K·I + S) per GEMM of three, over its forward time (TFLOP/s)."""
+    if not r or _num(r, "fwd_ms") is None:
+        return None
+    T, H, I, K, S = (float(r[k]) for k in "THIKS")
+    return 6 * H * (T * K * I + T * S) / _num(r, "fwd_ms") / 1e9
+
+
+def fp8_table(rows: list[dict]) -> list[str]:
+    """Markdown lines for a layer run with mok fp8 rows: mok bf16 and fp8 times, fp8's speedup, its forward rate as a
+    share of the FP8 matmul rate measured in the run, PyTorch's scaled grouped GEMM (forward only), peak GiB."""
+    head = ["shape (T,H,I,E,K,S)", "mok bf16 fwd / fwd+bwd ms", "mok fp8 fwd / fwd+bwd ms",
+            "bf16 / fp8, fwd / fwd+bwd", "fp8 fwd, % of FP8 peak", "torch._scaled_grouped_mm FP8 fwd ms",
+            "scaled_grouped_mm / mok fp8, fwd", "peak GiB, bf16 / fp8"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape, by in _by_shape(rows).items():
+        bf, f8, sg = by.get("mok"), by.get("mok_fp8"), by.get("scaled_gmm_fp8")
+        if not f8:
+            continue
+        dims = ",".join(f8[k] for k in "THIEKS")
+        rate, ceiling = _fwd_tflops(f8), _num(f8, "peak_tflops")
+        lines.append("| " + " | ".join([
+            f"{shape} ({dims})", f"{_ms(_num(bf, 'fwd_ms'))} / {_ms(_num(bf, 'fwd_bwd_ms'))}",
+            f"{_ms(_num(f8, 'fwd_ms'))} / {_ms(_num(f8, 'fwd_bwd_ms'))}",
+            f"{_ratio(_num(bf, 'fwd_ms'), _num(f8, 'fwd_ms'))} / {_ratio(_num(bf, 'fwd_bwd_ms'), _num(f8, 'fwd_bwd_ms'))}",
+            f"{100 * rate / ceiling:.0f}%" if rate and ceiling else "-",
+            _ms(_num(sg, "fwd_ms")) if sg else "not run", _ratio(_num(sg, "fwd_ms"), _num(f8, "fwd_ms")),
+            f"{_ms(_num(bf, 'peak_gib'))} / {_ms(_num(f8, 'peak_gib'))}"]) + " |")
+    return lines
+
+
+def precision_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: mok.MoE's forward and training step per recipe, and bf16's time over each recipe's."""
+    lines = ["| shape (T,H,I,E,K,S) | recipe | mok.MoE fwd ms | fwd+bwd ms | bf16 / this, fwd / fwd+bwd | peak GiB |",
+             "|---|---|---|---|---|---|"]
+    for shape, by in _by_shape(rows).items():
+        base = by.get("mok.MoE bf16")
+        for method, r in by.items():
+            dims = ",".join(r[k] for k in "THIEKS")
+            lines.append(f"| {shape} ({dims}) | {method.split()[-1]} | {_ms(_num(r, 'fwd_ms'))} | "
+                         f"{_ms(_num(r, 'fwd_bwd_ms'))} | {_ratio(_num(base, 'fwd_ms'), _num(r, 'fwd_ms'))} / "
+                         f"{_ratio(_num(base, 'fwd_bwd_ms'), _num(r, 'fwd_bwd_ms'))} | {_ms(_num(r, 'peak_gib'))} |")
     return lines
 
 
@@ -199,11 +245,23 @@ def page(rows: list[dict], chart_drawn: bool) -> str:
                     "Routed experts, bf16, random routing; mok's weight gradients in bf16 like its peers'. "
                     "Ratios are a peer's time over mok's: above 1, mok is faster."
                     + (f" Not measured in this run: {', '.join(missing)}." if missing else ""), "", *layer_table(rs), ""]
+        elif bench == "layer_fp8":
+            out += [f"## The layer in FP8 (`precision=\"fp8\"`): {gpu}", "", _about(rs), "",
+                    "mok's FP8 recipe (docs/numerics.md) against its bf16 layer and PyTorch's own FP8 grouped GEMM "
+                    "(`torch._scaled_grouped_mm`, rowwise scales; it has no backward, so forward only). The FP8 "
+                    "peak is `torch._scaled_mm` on 8192^3 e4m3 operands, measured in the run"
+                    + "".join(f" ({float(r['peak_tflops']):.0f} TFLOP/s)." for r in [r for r in rs if r["method"] in ("mok_fp8", "scaled_gmm_fp8")][:1]),
+                    "", *fp8_table(rs), "", "The bf16 peers of the same run (routed experts, bf16, random routing):",
+                    "", *layer_table(rs), ""]
         elif bench == "module":
             out += [f"## A training step through `mok.MoE`: {gpu}", "", _about(rs), "",
                     "Router, router losses and layer, bf16 parameters, forward+backward queued as a training loop "
                     "runs them, against a plain PyTorch MoE module (F.linear router, softmax top-k, the grouped_mm "
                     "path, a load-balancing loss).", "", *module_table(rs), ""]
+        elif bench == "module_precision":
+            out += [f"## A training step through `mok.MoE` per recipe: {gpu}", "", _about(rs), "",
+                    "`mok.MoE(..., precision=...)` with bf16 parameters on the fast backend, forward (autograd on) "
+                    "and forward+backward queued as a training loop runs them.", "", *precision_table(rs), ""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -16,8 +16,9 @@ Usage:
     python examples/train_tiny_moe.py --world-size 2       # expert parallelism over 2 gloo processes
     python examples/train_tiny_moe.py --prove              # W=1 twice + W=2; assert identical bits
     python examples/train_tiny_moe.py --device cuda --prove  # GPU (fast path when built): reruns identical
+    python examples/train_tiny_moe.py --compare-precisions  # bf16 then fp8: fp8 loss within 1% at every step
 
-Writes to --out: loss_curve.png, losses_w{W}[_run{i}].pt (fp32 per step), weights_w{W}[...].safetensors.
+Writes to --out: loss_curve.png, losses_w{W}[_run{i}|_fp8|_bf16].pt (fp32 per step), weights_w{W}[...].safetensors.
 Needs matplotlib (plot) and tqdm (progress bar).
 """
 
@@ -29,7 +30,7 @@ import os
 import sys
 import sysconfig
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -66,6 +67,7 @@ class Config:
     threads: int = 1         # CPU threads per process (BLAS bits can depend on it)
     device: str = "cpu"
     corpus_bytes: int = 2_000_000
+    precision: str = "bf16"  # the MoE layers' recipe: "bf16" or "fp8" (docs/numerics.md)
 
 
 # ---------------------------------------------------------------- data
@@ -114,7 +116,7 @@ class TinyMoELM(nn.Module):
             b.proj = nn.Parameter(torch.randn(H, H) * (H * 2 * cfg.layers) ** -0.5)
             b.moe_norm = nn.Parameter(torch.ones(H))
             b.moe = mok.MoE(H, cfg.expert_hidden, cfg.experts, cfg.top_k, shared_intermediate_size=cfg.shared_hidden,
-                            group=group, backend="auto")
+                            group=group, backend="auto", precision=cfg.precision)
             self.blocks.append(b)
         self.norm = nn.Parameter(torch.ones(H))
         self.head = nn.Parameter(torch.randn(256, H) * H**-0.5)
@@ -277,6 +279,8 @@ def check_config(cfg: Config, world_size: int) -> None:
         raise ValueError(f"world_size: W > 1 runs use gloo on the CPU here, got device {cfg.device!r}")
     if cfg.top_k > cfg.experts:
         raise ValueError(f"top_k: expected at most experts = {cfg.experts}, got {cfg.top_k}")
+    if cfg.precision not in ("bf16", "fp8"):
+        raise ValueError(f"precision: expected 'bf16' or 'fp8', got {cfg.precision!r}")
     if cfg.hidden % cfg.heads:
         raise ValueError(f"heads: expected a divisor of hidden = {cfg.hidden}, got {cfg.heads}")
 
@@ -344,45 +348,89 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=Config.threads)
     ap.add_argument("--seed", type=int, default=Config.seed)
-    ap.add_argument("--prove", action="store_true",
-                    help="run W=1 twice, and W=2 on the CPU; assert bitwise identical curves and weights")
+    ap.add_argument("--precision", default=Config.precision, choices=("bf16", "fp8"),
+                    help="the MoE layers' recipe (docs/numerics.md)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--prove", action="store_true",
+                      help="run W=1 twice, and W=2 on the CPU; assert bitwise identical curves and weights")
+    mode.add_argument("--compare-precisions", action="store_true",
+                      help="train in bf16, then in fp8, from the same seed and batches; assert the fp8 loss within "
+                           "--max-rel-diff of the bf16 loss at every step")
+    ap.add_argument("--max-rel-diff", type=float, default=0.01,
+                    help="--compare-precisions: largest allowed |fp8 - bf16| / |bf16| of any logged loss (default 0.01)")
+    ap.add_argument("--log-every", type=int, default=10,
+                    help="--compare-precisions: steps per logged loss, the mean over those steps as the transformers "
+                         "Trainer logs it (default 10; 1 compares every step)")
     ap.add_argument("--out", default="train_tiny_moe_out")
     args = ap.parse_args(argv)
-    cfg = Config(steps=args.steps, device=args.device, threads=args.threads, seed=args.seed)
-    plan = [(1, "w1_run1"), (1, "w1_run2")] + ([(2, "w2")] if cfg.device == "cpu" else []) if args.prove else \
-        [(args.world_size, f"w{args.world_size}")]
-    for W, _ in plan:  # every setting is checked before anything runs: exit 2 naming the argument
+    if not (args.max_rel_diff >= 0 and math.isfinite(args.max_rel_diff)):
+        ap.error(f"--max-rel-diff: expected a finite number >= 0, got {args.max_rel_diff}")
+    if args.compare_precisions and (args.log_every < 1 or args.steps % args.log_every):
+        ap.error(f"--log-every: expected a divisor of --steps = {args.steps}, got {args.log_every}")
+    cfg = Config(steps=args.steps, device=args.device, threads=args.threads, seed=args.seed, precision=args.precision)
+    W = args.world_size
+    if args.prove:
+        plan = [(1, "w1_run1", cfg), (1, "w1_run2", cfg)] + ([(2, "w2", cfg)] if cfg.device == "cpu" else [])
+    elif args.compare_precisions:
+        plan = [(W, f"w{W}_{p}", replace(cfg, precision=p)) for p in ("bf16", "fp8")]
+    else:
+        plan = [(W, f"w{W}" + ("" if cfg.precision == "bf16" else f"_{cfg.precision}"), cfg)]
+    for W, _, c in plan:  # every setting is checked before anything runs: exit 2 naming the argument
         try:
-            check_config(cfg, W)
+            check_config(c, W)
         except ValueError as e:
             ap.error(str(e).replace("world_size:", "--world-size:", 1))
     try:
-        return _main(args, cfg, plan)
+        return _main(args, plan)
     except KeyboardInterrupt:  # the launcher has stopped every process and removed its files
         print("interrupted", file=sys.stderr)
         return 130
 
 
-def _main(args, cfg: Config, plan: list) -> int:
+def logged(losses: torch.Tensor, every: int) -> torch.Tensor:
+    """The logged losses, fp32 [steps / every]: the mean of each `every` consecutive steps. losses: fp32 [steps]."""
+    return losses.float().view(-1, every).mean(1)
+
+
+def precision_gap(losses_bf16: torch.Tensor, losses_fp8: torch.Tensor) -> torch.Tensor:
+    """|fp8 - bf16| / |bf16| elementwise, fp32: the FP8 run's relative loss error against the bf16 run's.
+    losses_bf16, losses_fp8: fp32 [n], the same steps (or logged intervals) of each run."""
+    return (losses_fp8.float() - losses_bf16.float()).abs() / losses_bf16.float().abs()
+
+
+def _main(args, plan: list) -> int:
     os.makedirs(args.out, exist_ok=True)
-    print(f"config: {asdict(cfg)}")
     curves, results = {}, {}
-    for W, tag in plan:
+    for W, tag, cfg in plan:
+        print(f"{tag} config: {asdict(cfg)}")
         t0 = time.time()
         results[tag] = run(cfg, W)
         print(f"{tag}: final loss {results[tag][0][-1].item():.4f}, {time.time() - t0:.1f} s")
         save(args.out, tag, *results[tag])
         curves[f"{tag.replace('_', ' ')} ({cfg.device})"] = results[tag][0]
+    cfg = plan[0][2]
     title = f"tiny MoE LM on stdlib bytes, {cfg.steps} steps"
     ok = True
     if args.prove:
         base_l, base_w = results[plan[0][1]]
-        for _, tag in plan[1:]:
+        for _, tag, _ in plan[1:]:
             l, w = results[tag]
             diff = first_difference({"losses": base_l}, {"losses": l}) or first_difference(base_w, w)
             print(f"{plan[0][1]} vs {tag}: {'bitwise identical loss curve and final weights' if diff is None else 'DIFFER: ' + diff}")
             ok &= diff is None
         title += ": " + ("all runs bitwise identical" if ok else "runs DIFFER")
+    if args.compare_precisions:
+        bf16, fp8 = results[plan[0][1]][0], results[plan[1][1]][0]
+        step_gap = precision_gap(bf16, fp8)
+        print(f"fp8 vs bf16 loss of single steps, relative: max {step_gap.max().item():.3%} at step "
+              f"{int(step_gap.argmax())}, mean {step_gap.mean().item():.3%}")
+        gap = precision_gap(logged(bf16, args.log_every), logged(fp8, args.log_every))
+        ok = bool((gap <= args.max_rel_diff).all())  # a NaN gap fails too
+        n = args.log_every
+        print(f"fp8 vs bf16 logged loss (mean of every {n} steps), relative: max {gap.max().item():.3%} at steps "
+              f"{int(gap.argmax()) * n}-{int(gap.argmax()) * n + n - 1}, final {gap[-1].item():.3%} "
+              f"({'within' if ok else 'NOT within'} {args.max_rel_diff:.2%} at every logged step)")
+        title += f": fp8 logged loss within {gap.max().item():.2%} of bf16"
     path = os.path.join(args.out, "loss_curve.png")
     if plot(curves, path, title):
         print(f"loss curve: {path}")

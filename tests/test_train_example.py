@@ -150,3 +150,34 @@ def _fake_world(monkeypatch):
     orig_ws, orig_rank = dist.get_world_size, dist.get_rank
     monkeypatch.setattr(dist, "get_world_size", lambda g=None: g.w if isinstance(g, _FakeGroup) else orig_ws(g))
     monkeypatch.setattr(dist, "get_rank", lambda g=None: 0 if isinstance(g, _FakeGroup) else orig_rank(g))
+
+
+def test_compare_precisions_trains_both_recipes(example, tmp_path, capsys):
+    """--compare-precisions trains bf16 then fp8 from the same seed and batches, and gates on the logged gap."""
+    pytest.importorskip("matplotlib")
+    assert example.main(["--compare-precisions", "--steps", "4", "--log-every", "2", "--out", str(tmp_path)]) == 0
+    bf16, fp8 = torch.load(tmp_path / "losses_w1_bf16.pt"), torch.load(tmp_path / "losses_w1_fp8.pt")
+    assert bf16.shape == fp8.shape == (4,)
+    assert not torch.equal(bf16, fp8)  # the fp8 recipe really ran
+    assert "within 1.00% at every logged step" in capsys.readouterr().out
+    # a bound below the measured gap fails the run
+    assert example.main(["--compare-precisions", "--steps", "4", "--log-every", "2", "--max-rel-diff", "0",
+                         "--out", str(tmp_path)]) == 1
+
+
+def test_logged_loss_and_gap(example):
+    losses = torch.tensor([1.0, 3.0, 2.0, 6.0])
+    assert torch.equal(example.logged(losses, 2), torch.tensor([2.0, 4.0]))
+    gap = example.precision_gap(torch.tensor([2.0, 4.0]), torch.tensor([2.02, 3.0]))
+    assert torch.allclose(gap, torch.tensor([0.01, 0.25]))
+
+
+@pytest.mark.parametrize("argv, needle", [(["--log-every", "7", "--compare-precisions"], "--log-every"),
+                                          (["--max-rel-diff", "nan", "--compare-precisions"], "--max-rel-diff"),
+                                          (["--precision", "fp16"], "--precision"),
+                                          (["--prove", "--compare-precisions"], "not allowed")])
+def test_bad_arguments_name_the_option(example, argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        example.main(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
