@@ -187,8 +187,8 @@ void check_segments(int64_t kind, const std::vector<Segment*>& segments, const a
       const at::Tensor& o = *s.offsets;
       TORCH_CHECK_TYPE(o.scalar_type() == at::kInt, where, ": offsets must be torch.int32, got ",
                        dtype_name(o.scalar_type()));
-      TORCH_CHECK_VALUE(o.device() == device && o.is_contiguous() && o.numel() >= s.num_groups + 1, where,
-                        ": offsets must be a contiguous tensor on ", device, " of at least num_groups + 1 = ",
+      TORCH_CHECK_VALUE(o.device() == want && o.is_contiguous() && o.numel() >= s.num_groups + 1, where,
+                        ": offsets must be a contiguous tensor on ", want, " of at least num_groups + 1 = ",
                         s.num_groups + 1, " entries, got ", o.numel(), " on ", o.device());
     }
     if (s.fixed_rows == 0 && !s.offsets) continue;  // no rows: nothing is read or written

@@ -103,6 +103,17 @@ def compile_flags() -> list[str]:
     return [*CUDA_FLAGS, f"-I{CSRC}", *(f"-I{d}" for d in cutlass_include_dirs())]
 
 
+def first_use_build_is_stale(torch_version: str) -> bool:
+    """Whether `build_with_torch` will compile: no cached library for this torch, MOK_FAST_REBUILD=1, or a kernel
+    source or header (csrc/*.cu, *.cuh, *.h) newer than the cached library (what ninja then rebuilds)."""
+    build_dir = cache_dir() / NAME / f"torch-{torch_version}"
+    libs = sorted(build_dir.glob(f"{NAME}*.so"))
+    if os.environ.get("MOK_FAST_REBUILD") == "1" or not libs:
+        return True
+    built = libs[0].stat().st_mtime
+    return any(p.stat().st_mtime > built for ext in ("cu", "cuh", "h") for p in CSRC.glob(f"*.{ext}"))
+
+
 def build_with_torch(verbose: bool = False) -> str:
     """Build (or reuse) the library via torch.utils.cpp_extension.load; returns the .so path."""
     from torch.utils import cpp_extension
@@ -235,8 +246,9 @@ def kernels_library() -> str:
         if not Path(path).is_file():
             raise FastPathUnavailable(f"MOK_FAST_LIB={path} is not a file")
     else:
-        log.warning("mok.fast: compiling the CUDA kernels for sm_90a (first use: about 1 minute on 16 cores, "
-                    "several on 2); cached in %s", cache_dir() / NAME)
+        if first_use_build_is_stale(torch.__version__):
+            log.warning("mok.fast: compiling the CUDA kernels for sm_90a (first use: about 1 minute on 16 cores, "
+                        "several on 2); cached in %s", cache_dir() / NAME)
         path = build_with_torch(verbose=os.environ.get("MOK_FAST_VERBOSE") == "1")
     _KERNELS = path
     return path

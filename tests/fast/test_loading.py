@@ -138,3 +138,24 @@ def test_no_loader_of_mok_asks_for_rtld_global():
     calls = [c for p in _code_files() if p.suffix in (".cpp", ".h") for c in re.findall(r"\bdlopen\(([^;]*)\)", _code(p))]
     assert calls, "the binding's dlopen call was not found: this test proves nothing"
     assert all("RTLD_LOCAL" in c for c in calls), calls
+
+
+def test_the_first_use_message_only_when_compiling(tmp_path, monkeypatch):
+    """The "compiling the CUDA kernels" warning is for a build that will compile: none cached, a rebuild asked for,
+    or a kernel source newer than the cached library; a cached, current library loads without it."""
+    monkeypatch.setenv("MOK_FAST_CACHE", str(tmp_path))
+    monkeypatch.delenv("MOK_FAST_REBUILD", raising=False)
+    assert _build.first_use_build_is_stale("2.0.0")  # nothing cached
+    lib_dir = tmp_path / _build.NAME / "torch-2.0.0"
+    lib_dir.mkdir(parents=True)
+    lib = lib_dir / f"{_build.NAME}.so"
+    lib.write_bytes(b"")
+    newest = max(p.stat().st_mtime for p in _build.CSRC.glob("*.cu*"))
+    os.utime(lib, (newest + 10, newest + 10))
+    assert not _build.first_use_build_is_stale("2.0.0")
+    assert _build.first_use_build_is_stale("2.1.0")  # another torch: its own library
+    monkeypatch.setenv("MOK_FAST_REBUILD", "1")
+    assert _build.first_use_build_is_stale("2.0.0")
+    monkeypatch.delenv("MOK_FAST_REBUILD")
+    os.utime(lib, (newest - 10, newest - 10))  # a kernel source changed after the build
+    assert _build.first_use_build_is_stale("2.0.0")
