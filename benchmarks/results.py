@@ -251,8 +251,10 @@ def page(rows: list[dict], chart_drawn: bool) -> str:
                     "(`torch._scaled_grouped_mm`, rowwise scales; it has no backward, so forward only). The FP8 "
                     "peak is `torch._scaled_mm` on 8192^3 e4m3 operands, measured in the run"
                     + "".join(f" ({float(r['peak_tflops']):.0f} TFLOP/s)." for r in [r for r in rs if r["method"] in ("mok_fp8", "scaled_gmm_fp8")][:1]),
-                    "", *fp8_table(rs), "", "The bf16 peers of the same run (routed experts, bf16, random routing):",
-                    "", *layer_table(rs), ""]
+                    "", *fp8_table(rs), ""]
+            if any(r["method"] in ("grouped_mm", "sonic", "naive") for r in rs):
+                out += ["The bf16 peers of the same run (routed experts, bf16, random routing):", "",
+                        *layer_table(rs), ""]
         elif bench == "module":
             out += [f"## A training step through `mok.MoE`: {gpu}", "", _about(rs), "",
                     "Router, router losses and layer, bf16 parameters, forward+backward queued as a training loop "
