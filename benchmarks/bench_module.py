@@ -96,7 +96,7 @@ def run(configs, timed, peak: float, warmup: int, reps: int) -> list[dict]:
     rows = []
     for c in configs:
         T, H, I, E, K, S = (c[k] for k in "THIEKS")
-        flops = 3 * 6 * H * (T * K * I + T * S)
+        flops = 3 * results.forward_flops(c)
         g = torch.Generator(device="cuda").manual_seed(1)
         x = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
         dy = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16)
@@ -165,7 +165,7 @@ def run_precisions(configs, precisions: list[str], warmup: int, reps: int, heade
     rows = []
     for c in configs:
         T, H, I, E, K, S = (c[k] for k in "THIEKS")
-        flops = 6 * H * (T * K * I + T * S)
+        flops = results.forward_flops(c)
         g = torch.Generator(device="cuda").manual_seed(1)
         x = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
         dy = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16)
@@ -197,7 +197,7 @@ def run_precisions(configs, precisions: list[str], warmup: int, reps: int, heade
     for r in rows:
         base = next((b for b in rows if b["shape"] == r["shape"] and b["method"] == "mok.MoE bf16"), None)
         ratio = f"{base['fwd_ms'] / r['fwd_ms']:.2f} / {base['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}" if base else "-"
-        fwd_tflops = r["fwd_bwd_tflops"] * r["fwd_bwd_ms"] / 3 / r["fwd_ms"]
+        fwd_tflops = results.forward_flops(r) / r["fwd_ms"] / 1e9
         print(f"| {r['shape']} | {r['method'].split()[-1]} | {r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | "
               f"{fwd_tflops:.0f} | {r['fwd_bwd_tflops']:.0f} | {ratio} | {r['peak_gib']:.2f} |")
     return rows

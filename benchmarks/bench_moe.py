@@ -9,13 +9,7 @@ matmul peak measured in the same run (8192^3), the time ratio to mok and the pea
                                                                   # to benchmarks/results.csv (docs/results.md)
     python benchmarks/bench_moe.py [--configs a,b] [--methods mok,grouped_mm,sonic,naive] [--routings random,skewed]
 
-The bit-exact reference (`mok.reference`, forward+backward) against the naive loop and an unfused torch.matmul layer
-(bf16 and fp32), on the CPU or a GPU, optionally beside the reference of another checkout (old against new, same
-bits checked), each method timed in turn within every rep, min of --reps:
-
-    python benchmarks/bench_moe.py --reference --device cpu --reps 3 --reference-old /tmp/ref-old
-    python benchmarks/bench_moe.py --reference --device cuda --shapes 16384,2048,768,128,8 --reps 2 \
-        --reference-old /tmp/ref-old          # Qwen3-30B-A3B on a GPU
+The bit-exact reference's speed is `bench_reference.py`'s.
 
 Methods: mok; mok_gu (mok with gate and up as the halves of one [gate; up] tensor, as mok.MoE and transformers pass
 them); grouped_mm; sonic (SonicMoE 0.1.2 through peers.py; routed experts only, so shapes with a shared expert skip
@@ -28,11 +22,9 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import importlib.util
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -46,8 +38,6 @@ import results  # noqa: E402
 from peers import (grouped_mm_path, naive_loop, require_sonic, scaled_grouped_mm_fp8, sonic_available,  # noqa: E402
                    sonic_forward, sonic_leaves)
 from mok.testing.bits import rel_error  # noqa: E402
-import mok.reference  # noqa: E402
-from mok.testing.bits import bit_diff  # noqa: E402
 from mok.testing.cases import MoEConfig, make_routing, with_stacked_gate_up  # noqa: E402
 from mok.testing.plain import moe_plain  # noqa: E402
 
@@ -257,111 +247,6 @@ def oracle(inp: dict):
     return y.detach(), leaves["x"].grad
 
 
-# ---------------------------------------------------------------- --reference: the bit-exact reference's speed
-
-REFERENCE_SHAPES = {"cpu": "256,256,128,8,2;1024,512,256,16,2;2048,768,384,16,2", "cuda": "16384,2048,768,128,8"}
-REFERENCE_METHODS = ("reference", "reference_old", "naive", "matmul_bf16", "matmul_fp32")
-
-
-def load_reference(checkout: str):
-    """The `mok/reference` package of another checkout (e.g. `git worktree add /tmp/ref-old main`), imported under
-    its own name beside this one (it imports nothing outside itself)."""
-    init = Path(checkout) / "mok" / "reference" / "__init__.py"
-    if not init.is_file():
-        raise ValueError(f"--reference-old: no mok/reference/__init__.py under {checkout!r}")
-    spec = importlib.util.spec_from_file_location("mok_reference_old", init, submodule_search_locations=[str(init.parent)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def reference_step(ref, inp: dict):
-    """One forward+backward of the reference module `ref`: (y, d_x, d_topk_weight, weight gradients...)."""
-    y, ctx = ref.forward(*(inp[a] for a in ARGS))
-    return (y, *ref.backward(ctx, inp["dy"]))
-
-
-def autograd_step(fn, inp: dict):
-    """One forward+backward of a plain autograd layer `fn(*ARGS)` on fresh leaves: (y, d_x)."""
-    leaves = {a: (inp[a].detach().requires_grad_(True) if isinstance(inp[a], torch.Tensor) and inp[a].is_floating_point()
-                  else inp[a]) for a in ARGS}
-    y = fn(*(leaves[a] for a in ARGS))
-    y.backward(inp["dy"].to(y.dtype))
-    return y, leaves["x"].grad
-
-
-def reference_methods(names: list[str], old) -> dict:
-    """name -> fn(inp) running one forward+backward."""
-    fns = {"reference": functools.partial(reference_step, mok.reference),
-           "reference_old": functools.partial(reference_step, old),
-           "naive": functools.partial(autograd_step, naive_loop),
-           "matmul_bf16": functools.partial(autograd_step, functools.partial(moe_plain, dtype=torch.bfloat16)),
-           "matmul_fp32": functools.partial(autograd_step, functools.partial(moe_plain, dtype=torch.float32))}
-    return {n: fns[n] for n in names}
-
-
-def wall_seconds(fn, inp: dict, device: str):
-    """(seconds, result) of one call, the device synchronised before and after."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    out = fn(inp)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - t, out
-
-
-def same_bits(a: tuple, b: tuple) -> str:
-    """"same bits" when every output of two reference runs is bitwise equal (NaN-aware), else the first difference."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if (x is None) != (y is None):
-            return f"output {i}: None in one run only"
-        if x is not None and not bit_diff(x, y).equal:
-            d = bit_diff(x, y)
-            return f"output {i}: {d.n_diff} elements differ, first at {d.first_index}: {d.first_values}"
-    return "same bits"
-
-
-def reference_main(a) -> None:
-    """--reference: forward+backward of each method at each shape, every method once per rep in turn, min of reps."""
-    device = a.device
-    names = a.methods.split(",") if a.methods else [m for m in REFERENCE_METHODS if m != "reference_old" or a.reference_old]
-    unknown = [m for m in names if m not in REFERENCE_METHODS]
-    if unknown:
-        raise SystemExit(f"--methods: unknown {unknown} with --reference; expected some of {', '.join(REFERENCE_METHODS)}")
-    if "reference_old" in names and not a.reference_old:
-        raise SystemExit("--methods reference_old needs --reference-old PATH (a checkout of the old reference)")
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    old = load_reference(a.reference_old) if a.reference_old else None
-    fns = reference_methods(names, old)
-    where = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{where}, torch {torch.__version__}; forward+backward, min of {a.reps} reps, methods interleaved"
-          + (f"; reference_old from {a.reference_old}" if old else ""))
-    print("| T,H,I,E,K,S | " + " | ".join(f"{n} s" for n in names) + " | reference / naive | reference / matmul_fp32 |"
-          + (" reference_old / reference | old vs new |" if old else ""))
-    print("|---" * (len(names) + 3 + (2 if old else 0)) + "|")
-    for text in (a.shapes or REFERENCE_SHAPES[device]).split(";"):
-        cfg = MoEConfig.parse(text)
-        inp = make_bench_inputs(dict(cfg.as_dict()), "random", device=device)
-        best, outs = {n: float("inf") for n in names}, {}
-        for _ in range(a.warmup_reference):
-            for n in names:
-                fns[n](inp)
-        for _ in range(a.reps):
-            for n in names:
-                dt, outs[n] = wall_seconds(fns[n], inp, device)
-                best[n] = min(best[n], dt)
-        ratio = lambda x, y: f"{best[x] / best[y]:.1f}x" if x in best and y in best else "-"  # noqa: E731
-        row = f"| {text} | " + " | ".join(f"{best[n]:.3f}" for n in names)
-        row += f" | {ratio('reference', 'naive')} | {ratio('reference', 'matmul_fp32')} |"
-        if old:
-            row += f" {ratio('reference_old', 'reference')} | {same_bits(outs['reference_old'], outs['reference'])} |"
-        print(row, flush=True)
-        del inp, outs
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="", help="comma-separated shape names (default: every shape of the file)")
@@ -386,23 +271,8 @@ def main() -> None:
     ap.add_argument("--weight-grads", choices=["fp32", "bf16"], default="",
                     help="dtype of mok's weight gradients (default fp32; bf16 with --suite, like grouped_mm's "
                          "gradients of bf16 weights and like mok.MoE with bf16 parameters)")
-    ap.add_argument("--reference", action="store_true",
-                    help="time the bit-exact reference (mok.reference) forward+backward against the naive loop and an "
-                         "unfused torch.matmul layer (bf16, fp32); methods: " + ", ".join(REFERENCE_METHODS))
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda", help="--reference: where it runs")
-    ap.add_argument("--shapes", default="", help="--reference: 'T,H,I,E,K[,S]' shapes separated by ';' (default "
-                    f"cpu: {REFERENCE_SHAPES['cpu']}; cuda: Qwen3-30B-A3B, {REFERENCE_SHAPES['cuda']})")
-    ap.add_argument("--reference-old", default="", help="--reference: a checkout whose mok/reference is timed beside "
-                    "this one as reference_old (its outputs checked bit for bit against the new one's)")
-    ap.add_argument("--threads", type=int, default=0, help="--reference: torch.set_num_threads (default: torch's)")
-    ap.add_argument("--warmup-reference", type=int, default=0, help="--reference: untimed calls of each method first")
     results.add_record_args(ap)
     a = ap.parse_args()
-    if a.reference:
-        if a.reps == ap.get_default("reps"):
-            a.reps = 3
-        reference_main(a)
-        return
     wgrad = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.weight_grads or ("bf16" if a.suite else "fp32")]
     if a.suite and a.routings == ap.get_default("routings"):
         a.routings = "random"
@@ -443,7 +313,7 @@ def main() -> None:
             if routing == "skewed" and c["name"] not in a.skewed_configs.split(","):
                 continue
             inp = make_bench_inputs(c, routing)
-            fwd_flops = 6 * c["H"] * (c["T"] * c["K"] * c["I"] + c["T"] * c["S"])
+            fwd_flops = results.forward_flops(c)
             y_ref, dx_ref = oracle(inp)
             torch.cuda.empty_cache()
             for m in methods:

@@ -26,6 +26,12 @@ PEER_NAMES = {"mok": "mok", "grouped_mm": "grouped_mm path", "sonic": "SonicMoE"
               "scaled_gmm_fp8": "torch._scaled_grouped_mm FP8"}
 
 
+def forward_flops(shape: dict) -> float:
+    """The layer's forward FLOPs for a shape {T, H, I, K, S: numbers}: three GEMMs of 2·T·H·(K·I + S) each (the
+    routed experts' T·K rows of I columns and the shared expert's T rows of S); forward+backward is three times it."""
+    return 6 * shape["H"] * (shape["T"] * shape["K"] * shape["I"] + shape["T"] * shape["S"])
+
+
 def git_commit() -> str:
     """Short commit of the tree (MOK_COMMIT wins, for copies without .git), with '+dirty' if mok/ or csrc/ differ."""
     import os
@@ -139,11 +145,10 @@ def layer_table(rows: list[dict]) -> list[str]:
 
 
 def _fwd_tflops(r: dict | None) -> float | None:
-    """A row's forward rate: 2·T·H·(K·I + S) per GEMM of three, over its forward time (TFLOP/s)."""
+    """A row's forward rate in TFLOP/s (`forward_flops` over its forward time)."""
     if not r or _num(r, "fwd_ms") is None:
         return None
-    T, H, I, K, S = (float(r[k]) for k in "THIKS")
-    return 6 * H * (T * K * I + T * S) / _num(r, "fwd_ms") / 1e9
+    return forward_flops({k: float(r[k]) for k in "THIKS"}) / _num(r, "fwd_ms") / 1e9
 
 
 def fp8_table(rows: list[dict]) -> list[str]:
