@@ -171,16 +171,14 @@ def run_precisions(configs, precisions: list[str], warmup: int, reps: int, heade
         dy = torch.randn(T, H, generator=g, device="cuda").to(torch.bfloat16)
         for prec in precisions:
             gc.collect()
-            torch.cuda.synchronize()
-            resident = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
             torch.manual_seed(0)
             m = mok.MoE(H, I, E, K, shared_intermediate_size=S, backend="fast", dtype=torch.bfloat16, device="cuda",
                         precision=prec)
             assert m.backend_in_use == "fast", m.backend_reason
             t_f = timed(lambda m=m: m(x), warmup, reps, "stream")
             t_fb = timed(lambda m=m: _module_step(m, x, dy), warmup, reps, "stream")
-            mem = (torch.cuda.max_memory_allocated() - resident) / 2**30
+            mem = step_peak_gib(lambda m=m: _module_step(m, x, dy), before)
             tflops = 3 * flops / t_fb / 1e9
             rows.append(dict(header, benchmark="module_precision", shape=c["name"], **{k: c[k] for k in "THIEKS"},
                              routing="router", method=f"mok.MoE {prec}", fwd_ms=t_f, fwd_bwd_ms=t_fb,
