@@ -103,11 +103,15 @@ def compile_flags() -> list[str]:
     return [*CUDA_FLAGS, f"-I{CSRC}", *(f"-I{d}" for d in cutlass_include_dirs())]
 
 
+def first_use_dir(torch_version: str) -> Path:
+    """Where `build_with_torch` builds and caches the library for a torch version (it links to that torch)."""
+    return cache_dir() / NAME / f"torch-{torch_version}"
+
+
 def first_use_build_is_stale(torch_version: str) -> bool:
     """Whether `build_with_torch` will compile: no cached library for this torch, MOK_FAST_REBUILD=1, or a kernel
     source or header (csrc/*.cu, *.cuh, *.h) newer than the cached library (what ninja then rebuilds)."""
-    build_dir = cache_dir() / NAME / f"torch-{torch_version}"
-    libs = sorted(build_dir.glob(f"{NAME}*.so"))
+    libs = sorted(first_use_dir(torch_version).glob(f"{NAME}*.so"))
     if os.environ.get("MOK_FAST_REBUILD") == "1" or not libs:
         return True
     built = libs[0].stat().st_mtime
@@ -121,7 +125,7 @@ def build_with_torch(verbose: bool = False) -> str:
     find_nvcc()
     import torch
 
-    build_dir = cache_dir() / NAME / f"torch-{torch.__version__}"  # the library links to this torch
+    build_dir = first_use_dir(torch.__version__)
     if os.environ.get("MOK_FAST_REBUILD") == "1" and build_dir.exists():
         shutil.rmtree(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
