@@ -114,7 +114,9 @@ def test_fp8_grouped_gemm_is_the_dequantised_product():
     for e in range(E):
         rows = slice(starts[e], starts[e + 1])
         want = ad[rows] @ bd[e].t()
-        err = (d[rows].double().cpu() - want).abs().max().item() if want.numel() else 0.0
+        if not want.numel():  # an expert with no rows: nothing to compare
+            continue
+        err = (d[rows].double().cpu() - want).abs().max().item()
         assert err <= 1e-3 * max(1.0, want.abs().max().item()), f"expert {e}: max error {err}"
 
 
