@@ -150,7 +150,7 @@ def test_the_first_use_message_only_when_compiling(tmp_path, monkeypatch):
     lib_dir.mkdir(parents=True)
     lib = lib_dir / f"{_build.NAME}.so"
     lib.write_bytes(b"")
-    newest = max(p.stat().st_mtime for p in _build.CSRC.glob("*.cu*"))
+    newest = max(p.stat().st_mtime for ext in ("cu", "cuh", "h") for p in _build.CSRC.glob(f"*.{ext}"))
     os.utime(lib, (newest + 10, newest + 10))
     assert not _build.first_use_build_is_stale("2.0.0")
     assert _build.first_use_build_is_stale("2.1.0")  # another torch: its own library
