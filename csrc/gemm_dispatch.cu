@@ -33,6 +33,7 @@ extern "C" size_t mok_gemm_workspace_bytes(int kind, int variant, int groups, in
     case MOK_GEMM_TT_F32_SMALL: return mok::gemm_tt_f32_small_workspace_bytes(variant, groups, device);
     case MOK_GEMM_FP8_TN_F32: return mok::gemm_fp8_tn_f32_workspace_bytes(variant, groups, device);
     case MOK_GEMM_FP8_TN_BF16: return mok::gemm_fp8_tn_bf16_workspace_bytes(variant, groups, device);
+    case MOK_GEMM_FP8_TN_SWIGLU_FWD: return mok::gemm_fp8_tn_swiglu_fwd_workspace_bytes(variant, groups, device);
     default: return 0;
   }
 }
@@ -55,6 +56,8 @@ extern "C" int mok_grouped_gemm(int kind, int variant, const MokSegment* segs, i
     case MOK_GEMM_TT_F32_SMALL: return mok::gemm_tt_f32_small_run(variant, segs, n_segs, ws, ws_bytes, device, stream);
     case MOK_GEMM_FP8_TN_F32: return mok::gemm_fp8_tn_f32_run(variant, segs, n_segs, ws, ws_bytes, device, stream);
     case MOK_GEMM_FP8_TN_BF16: return mok::gemm_fp8_tn_bf16_run(variant, segs, n_segs, ws, ws_bytes, device, stream);
+    case MOK_GEMM_FP8_TN_SWIGLU_FWD:
+      return mok::gemm_fp8_tn_swiglu_fwd_run(variant, segs, n_segs, ws, ws_bytes, device, stream);
     default: return mok::set_error("unknown gemm kind %d", kind);
   }
 }

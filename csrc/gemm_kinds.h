@@ -19,6 +19,7 @@ MOK_DECLARE_KIND(gemm_tn_swiglu_fwd)
 MOK_DECLARE_KIND(gemm_tt_f32_small)
 MOK_DECLARE_KIND(gemm_fp8_tn_f32)
 MOK_DECLARE_KIND(gemm_fp8_tn_bf16)
+MOK_DECLARE_KIND(gemm_fp8_tn_swiglu_fwd)
 #undef MOK_DECLARE_KIND
 }  // namespace mok
 

@@ -39,15 +39,15 @@ struct MokOperand {
   int64_t ld;
 };
 
-// A run of groups sharing one formula. rows(e) = offsets[e + 1] - offsets[e] when offsets is
-// non-null, else fixed_rows. rows_dim says which of M (0) or K (2) is rows(e); the other two are
-// the constants m, n, k. Groups whose rows are 0 get M = 0 (no tiles). aux: the extra operand of a fused
-// epilogue (MOK_GEMM_NN_SWIGLU_BWD's fp32 [p | q] input, MOK_GEMM_TN_SWIGLU_FWD's bf16 a output); base null for
-// every other kind. b_up: B's second half as another tensor, with b's ld, expert_stride and row_stride, each
-// group's lying a whole number of 16 bytes, nonzero and under 2^40, from its b: for MOK_GEMM_TN_SWIGLU_FWD the up
-// rows of B [n, k] (b then holds the n / 2 gate rows; base null: the up rows are the n / 2 rows that follow the
-// gate rows in b, one [gate; up] tensor); for MOK_GEMM_NN_BF16 (d_x) K rows [k/2, k) of B [k, n] (b holds rows
-// [0, k/2); k a multiple of 128, rows as M; base null: B is b alone). Base null for every other kind.
+// A run of groups sharing one formula. rows(e) = offsets[e + 1] - offsets[e] when offsets is non-null, else fixed_rows.
+// rows_dim says which of M (0) or K (2) is rows(e); the other two are the constants m, n, k. Groups whose rows are 0
+// get M = 0 (no tiles). aux: the extra operand of a fused epilogue (MOK_GEMM_NN_SWIGLU_BWD's fp32 [p | q] input,
+// MOK_GEMM_TN_SWIGLU_FWD's and MOK_GEMM_FP8_TN_SWIGLU_FWD's bf16 a output); base null for every other kind. b_up: B's
+// second half as another tensor, with b's ld, expert_stride and row_stride, each group's lying a whole number of 16
+// bytes, nonzero and under 2^40, from its b: for MOK_GEMM_TN_SWIGLU_FWD the up rows of B [n, k] (b then holds the n / 2
+// gate rows; base null: the up rows are the n / 2 rows that follow the gate rows in b, one [gate; up] tensor); for
+// MOK_GEMM_NN_BF16 (d_x) K rows [k/2, k) of B [k, n] (b holds rows [0, k/2); k a multiple of 128, rows as M; base null:
+// B is b alone). Base null for every other kind.
 struct MokSegment {
   int num_groups;
   int rows_dim;
@@ -57,7 +57,8 @@ struct MokSegment {
   MokOperand a, b, d, aux, b_up;
   // The FP8 kinds' block scales (base null for every other kind), fp32 powers of two, K-major as the FP8 recipe's
   // quantiser gives them (docs/numerics.md): sfa of A [rows, ceil(k/128)] row-major (one per row and 128 columns of
-  // K: ld = ceil(k/128)), sfb of B [ceil(n/128), ceil(k/128)] row-major (one per 128x128 block of B [n, k]).
+  // K: ld = ceil(k/128)), sfb of B [ceil(n/128), ceil(k/128)] row-major (one per 128x128 block of B [n, k]; for
+  // MOK_GEMM_FP8_TN_SWIGLU_FWD one per 64 rows and 128 columns of its interleaved B).
   MokOperand sfa, sfb;
 };
 
@@ -80,7 +81,11 @@ enum MokGemmKind {
                                // B [N,K] row-major, D fp32 = sum over K blocks of 128 of (A_blk B_blk) * sfa * sfb;
                                // K a multiple of 128 (the quantisers pad with zeros); one tile, whatever the variant
   MOK_GEMM_FP8_TN_BF16 = 10,   // same, D bf16
-  MOK_GEMM_NUM_KINDS = 11
+  MOK_GEMM_FP8_TN_SWIGLU_FWD = 11,  // FP8 TN fused with the SwiGLU forward (MOK_GEMM_TN_SWIGLU_FWD's outputs): n = 2I
+                               // (I a multiple of 8), B [2 * ceil(I/64) * 64, K] the interleaved [gate; up] (rows in
+                               // groups of 64: gate rows 64j.. then up rows 64j..; zero rows pad I), sfb per 64 rows
+                               // and 128 columns [2 * ceil(I/64), K/128]; D fp32 [M, 2I] = [p | q], aux bf16 [M, I] = a
+  MOK_GEMM_NUM_KINDS = 12
 };
 
 extern "C" {

@@ -23,9 +23,16 @@ struct Segment {
   std::optional<Operand> sfa, sfb;  // the FP8 kinds' block scales
 };
 
-bool fused_kind(int64_t kind) { return kind == MOK_GEMM_NN_SWIGLU_BWD || kind == MOK_GEMM_TN_SWIGLU_FWD; }
+bool fused_kind(int64_t kind) {
+  return kind == MOK_GEMM_NN_SWIGLU_BWD || kind == MOK_GEMM_TN_SWIGLU_FWD || kind == MOK_GEMM_FP8_TN_SWIGLU_FWD;
+}
 bool b_up_kind(int64_t kind) { return kind == MOK_GEMM_TN_SWIGLU_FWD || kind == MOK_GEMM_NN_BF16; }
-bool fp8_kind(int64_t kind) { return kind == MOK_GEMM_FP8_TN_F32 || kind == MOK_GEMM_FP8_TN_BF16; }
+bool fp8_kind(int64_t kind) {
+  return kind == MOK_GEMM_FP8_TN_F32 || kind == MOK_GEMM_FP8_TN_BF16 || kind == MOK_GEMM_FP8_TN_SWIGLU_FWD;
+}
+constexpr int64_t kFp8SwigluGroup = 64;  // the FP8 SwiGLU kind's interleaved B: rows in groups of 64 (_fp8.py)
+// Rows of that B (and 64 x those of its scales) for I intermediate columns: gate and up each padded to whole groups.
+int64_t fp8_swiglu_rows(int64_t I) { return 2 * ((I + kFp8SwigluGroup - 1) / kFp8SwigluGroup) * kFp8SwigluGroup; }
 constexpr int64_t kBUpKTile = 64;  // the d_x kind's K tile (csrc/mainloop_k_halves.cuh)
 
 at::ScalarType d_dtype(int64_t kind) {
@@ -59,11 +66,14 @@ Extents operand_extents(int64_t kind, const Segment& s, char which) {
   switch (which) {
     case 'a': return tt ? Extents{K, M} : Extents{M, K};
     case 'b': case 'u':
+      if (kind == MOK_GEMM_FP8_TN_SWIGLU_FWD) return {fp8_swiglu_rows(N / 2), K};  // the interleaved [gate; up]
       if (tn) return {halves && kind == MOK_GEMM_TN_SWIGLU_FWD ? N / 2 : N, K};
       return {halves && kind == MOK_GEMM_NN_BF16 && K > 0 ? K / 2 : K, N};
     case 'd': return {M, kind == MOK_GEMM_NN_SWIGLU_BWD ? 2 * N : N};
     case 's': return {M, K / 128};  // sfa: one scale per row and 128 columns of K
-    case 't': return {(N + 127) / 128, K / 128};  // sfb: one per 128x128 block of B [N, K]
+    case 't':  // sfb: one per 128x128 block of B [N, K], or per 64 rows and 128 columns of the interleaved B
+      if (kind == MOK_GEMM_FP8_TN_SWIGLU_FWD) return {fp8_swiglu_rows(N / 2) / kFp8SwigluGroup, K / 128};
+      return {(N + 127) / 128, K / 128};
     default: return {M, kind == MOK_GEMM_NN_SWIGLU_BWD ? 2 * N : N / 2};  // aux
   }
 }
@@ -130,12 +140,13 @@ void check_segments(int64_t kind, const std::vector<Segment*>& segments, const a
     const Segment& s = *segments[j];
     TORCH_CHECK_VALUE(s.aux.has_value() == fused, where, ": operand aux must be ", fused ? "given" : "None",
                       " for GEMM kind ", kind, " (only the fused kinds (", int(MOK_GEMM_NN_SWIGLU_BWD), ", ",
-                      int(MOK_GEMM_TN_SWIGLU_FWD), ") have it)");
+                      int(MOK_GEMM_TN_SWIGLU_FWD), ", ", int(MOK_GEMM_FP8_TN_SWIGLU_FWD), ") have it)");
     if (s.b_up) check_b_up(kind, s, where);
     const bool fp8 = fp8_kind(kind);
     TORCH_CHECK_VALUE(s.sfa.has_value() == fp8 && s.sfb.has_value() == fp8, where, ": operands sfa and sfb must be ",
                       fp8 ? "given" : "None", " for GEMM kind ", kind, " (only the FP8 kinds (",
-                      int(MOK_GEMM_FP8_TN_F32), ", ", int(MOK_GEMM_FP8_TN_BF16), ") have them)");
+                      int(MOK_GEMM_FP8_TN_F32), ", ", int(MOK_GEMM_FP8_TN_BF16), ", ", int(MOK_GEMM_FP8_TN_SWIGLU_FWD),
+                      ") have them)");
     if (fp8) {
       TORCH_CHECK_VALUE(s.rows_dim == 0 && s.k >= 128 && s.k % 128 == 0 && s.a.ld % 16 == 0 && s.b.ld % 16 == 0, where,
                         ": GEMM kind ", kind, " needs rows as M, k a positive multiple of 128 and A's and B's ld "
@@ -147,6 +158,18 @@ void check_segments(int64_t kind, const std::vector<Segment*>& segments, const a
       for (const auto& [which, op] : {std::pair<const char*, const Operand*>{"sfa", &*s.sfa}, {"sfb", &*s.sfb}})
         TORCH_CHECK_TYPE(op->tensor.scalar_type() == at::kFloat, where, ": operand ", which, " is torch.float32, got ",
                          dtype_name(op->tensor.scalar_type()));
+      if (kind == MOK_GEMM_FP8_TN_SWIGLU_FWD) {  // n = 2I; [p | q] and a stored in pairs of columns (8 and 4 bytes)
+        TORCH_CHECK_VALUE(s.n >= 16 && s.n % 16 == 0, where, ": GEMM kind ", kind, " needs n = 2I a positive multiple "
+                          "of 16 (I a multiple of 8), got n = ", s.n);
+        for (const auto& [which, op] :
+             {std::pair<const char*, const Operand*>{"d", &s.d}, {"aux", s.aux ? &*s.aux : nullptr}}) {
+          if (op == nullptr) continue;
+          TORCH_CHECK_VALUE(op->offset % 2 == 0 && op->expert_stride % 2 == 0 && op->row_stride % 2 == 0 &&
+                                op->ld % 2 == 0, where, ": operand ", which, " of GEMM kind ", kind, " needs an even "
+                            "offset, expert_stride, row_stride and ld (column pairs stored at once), got ", op->offset,
+                            ", ", op->expert_stride, ", ", op->row_stride, ", ", op->ld);
+        }
+      }
     }
     // (name, operand or nullptr, its key in operand_extents)
     const std::tuple<const char*, const Operand*, char> ops[] = {

@@ -15,6 +15,7 @@ import torch
 from . import _lib
 
 BLOCK = 128
+GROUP = 64  # rows of gate, then of up, in each group of the interleaved [gate; up] (`GateUp`)
 _CACHE_SIZE = 64  # quantised weight sets kept (one per layer of a model)
 
 
@@ -41,6 +42,47 @@ def quant_rows(x_RD: torch.Tensor, parts: int = 1, count: torch.Tensor | None = 
     return q, s
 
 
+def gate_up_rows(I: int) -> int:
+    """2 * ceil(I / 64) * 64: the rows of the interleaved [gate; up] of intermediate size I (`GateUp`)."""
+    return 2 * -(-I // GROUP) * GROUP
+
+
+@dataclass
+class GateUp:
+    """The B operand of the fused gate/up + SwiGLU GEMM (GEMM_FP8_TN_SWIGLU_FWD), from an `Fp8Expert`'s gate_q, up_q,
+    gate_s, up_s (L experts, or none without the L dimension):
+      q [L, 2 * Ig, Hp] e4m3: rows in groups of 64, gate's rows [64j, 64j + 64) then up's rows [64j, 64j + 64),
+        j = 0 .. Ig / 64 - 1 (Ig = I rounded up to a multiple of 64; rows past I zero), so each 128-column output tile
+        of the GEMM holds 64 gate columns and then the up columns of the same 64 intermediate columns;
+      s [L, 2 * Ig / 64, Hb] fp32: the scale of each 64 rows and 128 columns, the scale of the 128x128 block of gate
+        (or up) they lie in (each block's scale twice, once for each of its 64-row halves, the second dropped where
+        I ends in the block's first half).
+    The same e4m3 values and scales as gate_q, up_q and their scales, in another order: the GEMM's accumulators are
+    the unfused gate/up GEMM's bit for bit."""
+    q: torch.Tensor
+    s: torch.Tensor
+
+
+def interleave_gate_up(gate_q, gate_s, up_q, up_s) -> GateUp:
+    """`GateUp` of gate_q, up_q ([..., I, Hp] e4m3) and gate_s, up_s ([..., ceil(I/128), Hb] fp32), with torch ops on
+    their device (on the current stream; nothing waits for the device)."""
+    *lead, I, Hp = gate_q.shape
+    J = -(-I // GROUP)
+
+    def rows(q):  # [..., I, Hp] -> [..., J, 64, Hp], zero rows past I (e4m3's +0 is all-zero bits)
+        out = torch.zeros((*lead, J * GROUP, Hp), dtype=torch.uint8, device=q.device)
+        out[..., :I, :] = q.view(torch.uint8)
+        return out.unflatten(-2, (J, GROUP))
+
+    def scales(s):  # [..., Ib, Hb] -> [..., J, Hb]: each 64 rows' 128-row block
+        Ib, Hb = s.shape[-2:]
+        return s.unsqueeze(-2).expand(*lead, Ib, 2, Hb).flatten(-3, -2)[..., :J, :]
+
+    q = torch.stack((rows(gate_q), rows(up_q)), dim=-3).flatten(-4, -2)  # [..., J, 2, 64, Hp] -> [..., 2*J*64, Hp]
+    s = torch.stack((scales(gate_s), scales(up_s)), dim=-2).flatten(-3, -2)  # [..., J, 2, Hb] -> [..., 2J, Hb]
+    return GateUp(q.view(torch.float8_e4m3fn), s.contiguous())
+
+
 @dataclass
 class Fp8Expert:
     """One stack of experts' weights quantised (L experts, or the shared expert without the L dimension), every
@@ -50,7 +92,9 @@ class Fp8Expert:
       downT_q [L, I, Hp], downT_s [L, Ib, Hb]: down's transpose, the d_a GEMM's B (K = H; the same values and
         scales as down_q, down_s, transposed);
       guT_q [L, H, 2Ip], guT_s [L, Hb, 2Ib]: [gate; up]'s transpose, the d_x GEMM's B (K = 2Ip: gate's I rows at
-        columns [0, I), up's at [Ip, Ip + I), zeros between and after).
+        columns [0, I), up's at [Ip, Ip + I), zeros between and after);
+      gate_up: gate and up interleaved (`GateUp`), the fused gate/up + SwiGLU GEMM's B, made from gate_q, up_q and
+        their scales the first time that GEMM runs (`gate_up`), None until then.
     (Hp, Ip = H, I padded to 128; Hb, Ib = their blocks.)"""
     gate_q: torch.Tensor
     gate_s: torch.Tensor
@@ -62,6 +106,7 @@ class Fp8Expert:
     downT_s: torch.Tensor
     guT_q: torch.Tensor
     guT_s: torch.Tensor
+    gate_up: GateUp | None = None
 
 
 def quant_expert(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> Fp8Expert:
@@ -81,6 +126,14 @@ def quant_expert(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> Fp
         _lib.fp8_quant_blocks(src.contiguous(), q, s, w.guT_q, half * Ip, w.guT_s, half * Ib)
     _lib.fp8_quant_blocks(down.contiguous(), w.down_q, w.down_s, w.downT_q, 0, w.downT_s, 0)
     return w
+
+
+def gate_up(w: Fp8Expert) -> GateUp:
+    """w's interleaved [gate; up] (`GateUp`), made on the current stream at the first call and kept with w (which the
+    cache keeps per weight version: one interleaving per version, like the quantisation)."""
+    if w.gate_up is None:
+        w.gate_up = interleave_gate_up(w.gate_q, w.gate_s, w.up_q, w.up_s)
+    return w.gate_up
 
 
 @dataclass
@@ -157,6 +210,28 @@ def all_rows_segment(rows: int, n: int, a_q, a_s, b_q, b_s, d, d_ld: int, d_offs
                                  sfa=_lib.Operand(a_s, 0, 0, Kb), sfb=_lib.Operand(b_s, 0, 0, Kb))
 
 
+def swiglu_rows_segment(offsets, E: int, a_q, a_s, gu: GateUp, pq, a):
+    """The fused gate/up + SwiGLU GEMM's (GEMM_FP8_TN_SWIGLU_FWD) segment of routed rows: for each expert e,
+    [p | q] (pq [rows, 2I] fp32) and a (a [rows, I] bf16) of [g | u] = A [rows, Kp] (a_q e4m3, a_s [rows, Kb]) ·
+    [gate_e; up_e]ᵀ, from `gu` ([E, ...] `GateUp`)."""
+    Kp, Kb = a_q.shape[1], a_s.shape[1]
+    n, nb, I = gu.q.shape[-2], gu.s.shape[-2], a.shape[1]
+    return _lib.Segment.expert_rows(offsets, E, 2 * I, Kp, _lib.Operand(a_q, 0, Kp, Kp),
+                                    _lib.Operand(gu.q, n * Kp, 0, Kp), _lib.Operand(pq, 0, 2 * I, 2 * I),
+                                    aux=_lib.Operand(a, 0, I, I), sfa=_lib.Operand(a_s, 0, Kb, Kb),
+                                    sfb=_lib.Operand(gu.s, nb * Kb, 0, Kb))
+
+
+def swiglu_all_rows_segment(rows: int, a_q, a_s, gu: GateUp, pq, a):
+    """`swiglu_rows_segment` for one expert (`gu` without the E dimension: the shared expert) over all `rows` rows."""
+    Kp, Kb = a_q.shape[1], a_s.shape[1]
+    I = a.shape[1]
+    return _lib.Segment.all_rows(rows, 2 * I, Kp, _lib.Operand(a_q, 0, 0, Kp), _lib.Operand(gu.q, 0, 0, Kp),
+                                 _lib.Operand(pq, 0, 0, 2 * I), aux=_lib.Operand(a, 0, 0, I),
+                                 sfa=_lib.Operand(a_s, 0, 0, Kb), sfb=_lib.Operand(gu.s, 0, 0, Kb))
+
+
 def gemm(kind: int, segs: list, device) -> None:
-    """One FP8 grouped GEMM launch (GEMM_FP8_TN_F32 or GEMM_FP8_TN_BF16; one tile whatever the variant)."""
+    """One FP8 grouped GEMM launch (GEMM_FP8_TN_F32, GEMM_FP8_TN_BF16 or GEMM_FP8_TN_SWIGLU_FWD; one tile whatever
+    the variant)."""
     _lib.grouped_gemm(kind, segs, device, 0)

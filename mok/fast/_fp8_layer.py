@@ -2,7 +2,9 @@
 e4m3 operands (docs/numerics.md "FP8 recipe", docs/fast_path.md "FP8").
 
 forward: schedule -> gather x rows -> quantise x rows (1x128) -> FP8 gate/up GEMM (+ shared, one launch, fp32 [g | u])
--> SwiGLU (bf16 a; [g | u] becomes [p | q]) -> quantise a -> FP8 down GEMM (+ shared, bf16 o) -> combine.
+-> SwiGLU (bf16 a; [g | u] becomes [p | q]) -> quantise a -> FP8 down GEMM (+ shared, bf16 o) -> combine; the gate/up
+GEMM and the SwiGLU are one launch (GEMM_FP8_TN_SWIGLU_FWD: [p | q] and a from its epilogue, the same bits) wherever
+`_tiles.fuse_swiglu_fwd_fp8` says so.
 backward: pre-combine (go) -> quantise go (and dy for the shared expert) -> FP8 d_a GEMM against down's transpose
 (fp32 da) -> SwiGLU backward (bf16 [dg | du]) -> quantise dg and du apart (their blocks line up with gate's and up's)
 -> FP8 d_x GEMM against [gate; up]'s transpose (one fp32 accumulation over both) -> d_x combine; the weight
@@ -15,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..reference import Dims
-from . import _fp8, _lib
+from . import _fp8, _lib, _tiles
 from ._backward import weight_grads, whole_buffers
 from ._fp8 import all_rows_segment, quant_rows, rows_segment
 from ._forward import FastContext, _empty, build_schedule, swiglu
@@ -39,19 +41,13 @@ def run_forward_fp8(x, topk_idx, topk_weight, shared_gate, shared_up, shared_dow
     x_RH = _empty(dev, torch.bfloat16, R, H)
     _lib.gather_rows(x, sched.pair_row, R, x_RH)
     xq, xs = quant_rows(x_RH, 1, count)
-    gu = _empty(dev, torch.float32, R, 2 * I)
+    xq_s, xs_s = quant_rows(x) if S else (None, None)
+    if _tiles.fuse_swiglu_fwd_fp8(I, S):
+        gu, a_RI, gu_s, a_s = _gate_up_swiglu(d, sched, w8, xq, xs, xq_s, xs_s, dev)
+    else:
+        gu, gu_s = _gate_up(d, sched, w8, xq, xs, xq_s, xs_s, dev)
+        a_RI, a_s = swiglu(gu, gu_s, sched, d)  # gu, gu_s hold [p | q] from here on
     r = w8.routed
-    segs = [rows_segment(sched.offsets, E, I, xq, xs, q, s, gu, 2 * I, half * I)
-            for half, (q, s) in enumerate(((r.gate_q, r.gate_s), (r.up_q, r.up_s)))]
-    gu_s = None
-    if S:
-        sh = w8.shared
-        xq_s, xs_s = quant_rows(x)
-        gu_s = _empty(dev, torch.float32, T, 2 * S)
-        segs += [all_rows_segment(T, S, xq_s, xs_s, q, s, gu_s, 2 * S, half * S)
-                 for half, (q, s) in enumerate(((sh.gate_q, sh.gate_s), (sh.up_q, sh.up_s)))]
-    _fp8.gemm(_lib.GEMM_FP8_TN_F32, segs, dev)
-    a_RI, a_s = swiglu(gu, gu_s, sched, d)  # gu, gu_s hold [p | q] from here on
     aq, as_ = quant_rows(a_RI, 1, count)
     o_RH = _empty(dev, torch.bfloat16, R, H)
     segs = [rows_segment(sched.offsets, E, H, aq, as_, r.down_q, r.down_s, o_RH, H)]
@@ -66,6 +62,41 @@ def run_forward_fp8(x, topk_idx, topk_weight, shared_gate, shared_up, shared_dow
     ctx = FastContext(d, x, topk_weight, sched, x_RH, gu, a_RI, o_RH,
                       (routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down), gu_s, a_s, fp8=w8)
     return y, ctx
+
+
+def _gate_up(d: Dims, sched, w8, xq, xs, xq_s, xs_s, dev):
+    """(gu [R, 2I] fp32, gu_s [T, 2S] fp32 or None) = [g | u] of the quantised x rows (xq, xs) and x (xq_s, xs_s; None
+    when S = 0): routed and shared FP8 gate/up GEMMs in one launch."""
+    T, I, S, E = d.T, d.I, d.S, d.E
+    R = xq.shape[0]
+    gu = _empty(dev, torch.float32, R, 2 * I)
+    r = w8.routed
+    segs = [rows_segment(sched.offsets, E, I, xq, xs, q, s, gu, 2 * I, half * I)
+            for half, (q, s) in enumerate(((r.gate_q, r.gate_s), (r.up_q, r.up_s)))]
+    gu_s = None
+    if S:
+        sh = w8.shared
+        gu_s = _empty(dev, torch.float32, T, 2 * S)
+        segs += [all_rows_segment(T, S, xq_s, xs_s, q, s, gu_s, 2 * S, half * S)
+                 for half, (q, s) in enumerate(((sh.gate_q, sh.gate_s), (sh.up_q, sh.up_s)))]
+    _fp8.gemm(_lib.GEMM_FP8_TN_F32, segs, dev)
+    return gu, gu_s
+
+
+def _gate_up_swiglu(d: Dims, sched, w8, xq, xs, xq_s, xs_s, dev):
+    """(pq [R, 2I] fp32, a [R, I] bf16, pq_s [T, 2S] fp32 or None, a_s [T, S] bf16 or None): `_gate_up` and `swiglu`
+    in one launch (GEMM_FP8_TN_SWIGLU_FWD on the interleaved [gate; up], `_fp8.gate_up`), the same bits ([p | q]
+    where `_gate_up` gives [g | u])."""
+    T, I, S, E = d.T, d.I, d.S, d.E
+    R = xq.shape[0]
+    pq, a = _empty(dev, torch.float32, R, 2 * I), _empty(dev, torch.bfloat16, R, I)
+    segs = [_fp8.swiglu_rows_segment(sched.offsets, E, xq, xs, _fp8.gate_up(w8.routed), pq, a)]
+    pq_s = a_s = None
+    if S:
+        pq_s, a_s = _empty(dev, torch.float32, T, 2 * S), _empty(dev, torch.bfloat16, T, S)
+        segs.append(_fp8.swiglu_all_rows_segment(T, xq_s, xs_s, _fp8.gate_up(w8.shared), pq_s, a_s))
+    _fp8.gemm(_lib.GEMM_FP8_TN_SWIGLU_FWD, segs, dev)
+    return pq, a, pq_s, a_s
 
 
 def _d_act(ctx: FastContext, dy, go_RH):

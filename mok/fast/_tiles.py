@@ -31,6 +31,8 @@ The rule, each choice with the measurement behind it (docs/fast_path.md, "GEMM t
 
 `MOK_FAST_FUSE_SWIGLU_BWD=1` / `=0` fuses the d_a step wherever 8 splits I and S / nowhere;
 `MOK_FAST_FUSE_SWIGLU_FWD=0` runs the gate/up GEMM and the swiglu_fwd kernel apart everywhere (the same bits).
+`MOK_FAST_FUSE_SWIGLU_FWD_FP8=0` does the same in the FP8 recipe, whose forward otherwise runs the FP8 gate/up GEMM with
+the SwiGLU in its epilogue (GEMM_FP8_TN_SWIGLU_FWD, one tile) wherever 8 splits I and S (`fuse_swiglu_fwd_fp8`).
 
 `MOK_FAST_GEMM_VARIANT` overrides the choice, for benchmarks: one variant for every kind ("2"), or one per
 kind in MokGemmKind order ("2,2,0,0,2,2,0,3,0"; the FP8 kinds, last, have one tile and may be left out), where an
@@ -52,6 +54,7 @@ COOPERATIVE, COOPERATIVE_2X1, PINGPONG_2X1, PINGPONG, PINGPONG_TALL_1X2, COOPERA
 ENV = "MOK_FAST_GEMM_VARIANT"
 FUSE_ENV = "MOK_FAST_FUSE_SWIGLU_BWD"
 FUSE_FWD_ENV = "MOK_FAST_FUSE_SWIGLU_FWD"
+FUSE_FWD_FP8_ENV = "MOK_FAST_FUSE_SWIGLU_FWD_FP8"
 # Half the tile's N in each variant of GEMM_TN_SWIGLU_FWD: the columns of gate (and of up) one tile covers. Its
 # variants 1 and 2 are variants 0 and 3 in 2x1 clusters (B shared by multicast), variant 4 (a weight-gradient
 # tile) is 3 and variant 5 (a tile of the plain bf16-out kinds) is 0.
@@ -138,6 +141,15 @@ def fused_gate_up_variant(H: int, I: int, S: int, device=None) -> int | None:
     if _switch(FUSE_FWD_ENV, True) is False or not fused_gate_up_fits(I, S):
         return None
     return variant(_lib.GEMM_TN_SWIGLU_FWD, H, I, device)
+
+
+def fuse_swiglu_fwd_fp8(I: int, S: int) -> bool:
+    """Whether the FP8 forward of a layer of routed and shared intermediate sizes I and S (0: none) runs the FP8
+    gate/up GEMM with the SwiGLU in its epilogue (GEMM_FP8_TN_SWIGLU_FWD, on the interleaved [gate; up] of
+    `_fp8.GateUp`): wherever `fused_gate_up_fits` (its tiles store whole 8-column blocks), unless
+    MOK_FAST_FUSE_SWIGLU_FWD_FP8 is 0 (the FP8 gate/up GEMM and the swiglu_fwd kernel apart, the same bits).
+    ValueError naming the variable for a value other than 0 or 1."""
+    return _switch(FUSE_FWD_FP8_ENV, True) is not False and fused_gate_up_fits(I, S)
 
 
 @functools.lru_cache(maxsize=None)

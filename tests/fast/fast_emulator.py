@@ -4,8 +4,10 @@ orchestration of `mok/fast/_forward.py`, `_backward.py` and `_ep.py` runs unchan
 
 What it can show: indexing, row order, phases, regions and saved contexts are right, and the outputs do
 not depend on W (its arithmetic is deterministic and row independent: GEMMs are the reference's exact
-`matmul_exact` / `rows_outer_sum`, elementwise steps fp32 in the kernels' order). What it cannot show:
-the CUDA kernels' bits, IPC and device-side waits (tests/gpu/test_fast_ep*.py do).
+`matmul_exact` / `rows_outer_sum`, elementwise steps fp32 in the kernels' order). The FP8 recipe's quantisers are the
+reference's, its GEMMs each K block's exact sum of e4m3 products (float64), rounded to fp32 and added times
+sfa * sfb, K blocks in order. What it cannot show: the CUDA kernels' bits, IPC and device-side waits
+(tests/gpu/test_fast_ep*.py do).
 
 Peer buffers are files in /dev/shm mapped by every rank (`torch.from_file(shared=True)`); the pointer
 tables hold the views' addresses in this process, resolved back to the views through a registry.
@@ -71,6 +73,36 @@ def _operand(op, e: int, row_off: int, rows: int, cols: int) -> torch.Tensor:
     return op.tensor.as_strided((rows, cols), (op.ld, 1), op.tensor.storage_offset() + start)
 
 
+def _fp8_product(a_q, a_s, b_q, b_s, rows_per_scale: int) -> torch.Tensor:
+    """fp32 [M, N] = Σ over K blocks kb in order of fp32(exact Σ of the block's products) * (sfa * sfb): A a_q [M, Kp]
+    e4m3 with a_s [M, Kb], B b_q [N, Kp] e4m3 with b_s [ceil(N / rows_per_scale), Kb]."""
+    M, Kp = a_q.shape
+    N, Kb = b_q.shape[0], Kp // 128
+    a = a_q.double().view(M, Kb, 128)
+    b = b_q.double().view(N, Kb, 128)
+    sums = torch.einsum("mkc,nkc->kmn", a, b).float()  # exact in float64: products of e4m3 values, 128 of them
+    sfb = b_s.repeat_interleave(rows_per_scale, 0)[:N]  # [N, Kb]
+    out = torch.zeros(M, N)
+    for kb in range(Kb):
+        out = out + sums[kb] * (a_s[:, kb:kb + 1] * sfb[None, :, kb])
+    return out
+
+
+def _fp8_gemm(kind, s, e, off, rows):
+    a_q, a_s = _operand(s.a, e, off, rows, s.k), _operand(s.sfa, e, off, rows, s.k // 128)
+    if kind != _lib.GEMM_FP8_TN_SWIGLU_FWD:
+        b_q, b_s = _operand(s.b, e, off, s.n, s.k), _operand(s.sfb, e, off, -(-s.n // 128), s.k // 128)
+        _operand(s.d, e, off, rows, s.n).copy_(_fp8_product(a_q, a_s, b_q, b_s, 128).to(s.d.tensor.dtype))
+        return
+    I = s.n // 2  # B: the interleaved [gate; up] (mok.fast._fp8.GateUp), 64 gate rows then 64 up rows, ...
+    n = 2 * -(-I // 64) * 64
+    b_q, b_s = _operand(s.b, e, off, n, s.k), _operand(s.sfb, e, off, n // 64, s.k // 128)
+    out = _fp8_product(a_q, a_s, b_q, b_s, 64).view(rows, n // 128, 2, 64)
+    gu = torch.cat([out[:, :, 0].reshape(rows, -1)[:, :I], out[:, :, 1].reshape(rows, -1)[:, :I]], 1)
+    _swiglu_fwd_rows(gu, _operand(s.aux, e, off, rows, I), I)  # the epilogue: a, and [g | u] becomes [p | q]
+    _operand(s.d, e, off, rows, s.n).copy_(gu)
+
+
 def grouped_gemm(kind, segments, device, variant=0):
     _lib.check_segments(kind, segments, device, variant)  # the real launch's checks (contiguous operands, ...)
     for s in segments:
@@ -80,6 +112,9 @@ def grouped_gemm(kind, segments, device, variant=0):
             else:
                 off, rows = 0, s.fixed_rows
             if rows <= 0:
+                continue
+            if kind in _lib.GEMM_FP8_KINDS:
+                _fp8_gemm(kind, s, e, off, rows)
                 continue
             if s.rows_dim == 0:  # D [rows, n] = A [rows, k] . B
                 a = _operand(s.a, e, off, rows, s.k)
@@ -107,15 +142,47 @@ def grouped_gemm(kind, segments, device, variant=0):
             d.copy_(out.to(d.dtype))
 
 
+def fp8_quant_rows(x, parts, count, q, scales):
+    """The reference's quantize_rows_1x128 of each row's `parts` parts (the first count[0] rows, or all)."""
+    n = x.shape[0] if count is None else int(count[0])
+    P = x.shape[1] // parts
+    Pp, Pb = q.shape[1] // parts, scales.shape[1] // parts
+    for j in range(parts):
+        rq, rs = reference.quantize_rows_1x128(x[:n, j * P:(j + 1) * P])
+        q[:n, j * Pp:(j + 1) * Pp].view(torch.uint8).zero_()
+        q[:n, j * Pp:j * Pp + P] = rq
+        scales[:n, j * Pb:(j + 1) * Pb] = rs
+
+
+def fp8_quant_blocks(w, q, s, qT, off_qT, sT, off_sT):
+    """The reference's quantize_blocks_128x128 of w ([L, N, K] or [N, K]) into q, s, and its transpose into qT, sT at
+    column offsets (any of them may be None)."""
+    rq, rs = reference.quantize_blocks_128x128(w)
+    N, K = w.shape[-2:]
+    if q is not None:
+        q.view(torch.uint8).zero_()
+        q[..., :K] = rq
+    if s is not None:
+        s.copy_(rs)
+    if qT is not None:
+        Np = -(-N // 128) * 128
+        qT[..., off_qT:off_qT + Np].view(torch.uint8).zero_()
+        qT[..., off_qT:off_qT + N] = rq.transpose(-1, -2)
+    if sT is not None:
+        sT[..., off_sT:off_sT + rs.shape[-2]] = rs.transpose(-1, -2)
+
+
 def _rows(offsets, L, fixed_rows):
     return int(offsets[L]) if offsets is not None else fixed_rows
 
 
 def _swiglu_fwd_rows(gu, a, I):
     """a = bf16(silu(g) * u) of gu = [g | u] (fp32 [n, 2I]), and gu becomes [p | q] = [u * silu'(g) | silu(g)] in
-    place (csrc/swiglu_math.cuh's swiglu_fwd_one, with torch's sigmoid)."""
+    place (csrc/swiglu_math.cuh's swiglu_fwd_one, with sigmoid = 1 / (1 + exp(-g)), exp rounded to fp32 from
+    float64: torch's fp32 exp and sigmoid give other bits at the scalar tails of their vector loops, so an element's
+    bits would depend on the shape of the tensor it is computed in, the fused GEMM's groups or the whole rows)."""
     g, u = gu[:, :I].clone(), gu[:, I:2 * I].clone()
-    sig = torch.sigmoid(g)
+    sig = 1 / (1 + torch.exp(-g.double()).float())
     q = g * sig
     a.copy_((q * u).to(torch.bfloat16))
     gu[:, :I] = u * (sig * (1 + g * (1 - sig)))
@@ -280,7 +347,7 @@ def install() -> None:
     import mok.fast
 
     for name in ("schedule", "gather_rows", "grouped_gemm", "swiglu_fwd", "swiglu_bwd", "combine_fwd",
-                 "combine_bwd_pre", "combine_bwd_dx", "zero_empty", "poison"):
+                 "combine_bwd_pre", "combine_bwd_dx", "zero_empty", "poison", "fp8_quant_rows", "fp8_quant_blocks"):
         setattr(_lib, name, globals()[name])
     for name in ("ep_gather_rows", "ep_scatter_rows", "ep_concat", "ep_next_epoch", "ep_signal", "ep_wait",
                  "ep_enable_peer_access"):

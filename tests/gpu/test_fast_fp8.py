@@ -200,3 +200,139 @@ def test_bad_ids_give_nan_everywhere(inputs):
     for name in OUTPUT_NAMES:
         if out[name] is not None:
             assert bool(torch.isnan(out[name].float()).all()), f"{name}: not all NaN"
+
+
+# ---------------------------------------------------------------- the gate/up GEMM with the SwiGLU in its epilogue
+# GEMM_FP8_TN_SWIGLU_FWD (csrc/gemm_fp8_tn_swiglu_fwd.cu) on the interleaved [gate; up] (_fp8.GateUp) against the
+# unfused pair, GEMM_FP8_TN_F32 and the swiglu_fwd kernel: the same [p | q] and a, bit for bit.
+
+FUSED_SHAPES = [  # I and S multiples of 64, of 8 only (the last 64-row group partly zero), below 64; empty experts
+    MoEConfig(T=1000, H=1024, I=384, E=16, K=4, S=384),  # shared expert, T % 128 != 0
+    MoEConfig(T=777, H=2048, I=768, E=4, K=2, S=0),      # few large experts, no shared expert
+    MoEConfig(T=300, H=512, I=200, E=64, K=8, S=96),     # many small experts, some empty; 200 = 3 x 64 + 8
+    MoEConfig(T=515, H=1000, I=1000, E=4, K=2, S=40),    # 1000 = 15 x 64 + 40, H not a multiple of 128, S < 64
+    MoEConfig(T=40, H=136, I=136, E=6, K=2, S=8),        # 136 = 2 x 64 + 8 (= 128 + 8), S = 8
+]
+FUSED_IDS = ["mid_shared", "few_large", "many_small", "partial_groups", "tiny"]
+
+
+def _fused_and_unfused_gate_up(cfg, seed, scale_rows):
+    """((pq, a, pq_s, a_s) fused, the same unfused, rows placed) for the layer `cfg`'s FP8 gate/up step, x's rows
+    each scaled by 2^k for k cycling through `scale_rows`."""
+    from mok.fast import _forward, _fp8_layer
+    from mok.reference import Dims
+
+    inputs = make_inputs(cfg, seed, routing="empty_expert" if cfg.E >= 16 else "random", device="cuda")
+    x = inputs["x"].float()
+    k = torch.tensor(scale_rows, dtype=torch.float32, device="cuda").repeat(-(-cfg.T // len(scale_rows)))[:cfg.T]
+    x = (x * torch.exp2(k)[:, None]).to(torch.bfloat16)
+    d = Dims(T=cfg.T, H=cfg.H, I=cfg.I, S=cfg.S, E=cfg.E, K=cfg.K, L=cfg.E, W=1)
+    R = cfg.T * cfg.K
+    w8 = _fp8.fp8_weights(*(inputs[n] for n in ("routed_gate", "routed_up", "routed_down", "shared_gate", "shared_up",
+                                                "shared_down")))
+    sched = _forward.build_schedule(inputs["topk_idx"], cfg.E, R)
+    x_RH = torch.empty(R, cfg.H, dtype=torch.bfloat16, device="cuda")
+    _lib.gather_rows(x, sched.pair_row, R, x_RH)
+    xq, xs = _fp8.quant_rows(x_RH, 1, sched.offsets[cfg.E:cfg.E + 1])
+    xq_s, xs_s = _fp8.quant_rows(x) if cfg.S else (None, None)
+    fused = _fp8_layer._gate_up_swiglu(d, sched, w8, xq, xs, xq_s, xs_s, CUDA)
+    gu, gu_s = _fp8_layer._gate_up(d, sched, w8, xq, xs, xq_s, xs_s, CUDA)
+    a, a_s = _forward.swiglu(gu, gu_s, sched, d)  # [g | u] -> [p | q] in place
+    return fused, (gu, a, gu_s, a_s), int(sched.offsets[cfg.E])
+
+
+@pytest.mark.parametrize("cfg", FUSED_SHAPES, ids=FUSED_IDS)
+@pytest.mark.parametrize("scale_rows", [
+    [0],                      # the layer's own inputs
+    [5],                      # pre-activations of tens: the sigmoid saturated both ways
+    [-120, -60, 0, 60, 100],  # x rows near bf16's edges: the scales sfa * sfb from 2^-139 (subnormal) to 2^100
+], ids=["layer_values", "saturating", "edge_scales"])
+def test_fused_fp8_gate_up_gives_the_unfused_bits(cfg, scale_rows):
+    (pq, a, pq_s, a_s), (want_pq, want_a, want_pq_s, want_a_s), placed = _fused_and_unfused_gate_up(cfg, 3, scale_rows)
+    assert placed > 0
+    assert_bitwise_equal(pq[:placed], want_pq[:placed], "[p | q]")
+    assert_bitwise_equal(a[:placed], want_a[:placed], "a")
+    if cfg.S:
+        assert_bitwise_equal(pq_s, want_pq_s, "shared [p | q]")
+        assert_bitwise_equal(a_s, want_a_s, "shared a")
+    else:
+        assert pq_s is None and a_s is None
+    assert torch.isfinite(want_pq[:placed]).all()
+
+
+def test_fused_fp8_gate_up_stores_only_its_rows_and_columns():
+    """[p | q] and a in wider buffers (ld 2I + 24 and I + 16) around ragged groups (one empty), I = 72 (the last
+    64-row group 8 rows of gate and of up, then zeros): nothing past column I of p, q or a, or past a group's rows, is
+    written, and what is written is the unfused pair's."""
+    counts = torch.tensor([70, 0, 129, 3])
+    E, I, H = 4, 72, 256
+    R = int(counts.sum()) + 5  # 5 rows past the last group's
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(R, H, generator=gen).to(torch.bfloat16).cuda()
+    gate, up = ((torch.randn(E, I, H, generator=gen) * 0.05).to(torch.bfloat16).cuda() for _ in range(2))
+    w = _fp8.quant_expert(gate, up, gate.transpose(1, 2).contiguous())
+    xq, xs = _fp8.quant_rows(x)
+    offsets = _lib.offsets_from_counts(counts, CUDA)
+    gu = torch.empty(R, 2 * I, device="cuda")
+    _fp8.gemm(_lib.GEMM_FP8_TN_F32, [_fp8.rows_segment(offsets, E, I, xq, xs, q, s, gu, 2 * I, h * I)
+                                     for h, (q, s) in enumerate(((w.gate_q, w.gate_s), (w.up_q, w.up_s)))], CUDA)
+    want_a = torch.empty(R, I, dtype=torch.bfloat16, device="cuda")
+    _lib.swiglu_fwd(gu, offsets, E, 0, I, R, want_a)
+    ld_pq, ld_a = 2 * I + 24, I + 16
+    pq = torch.full((R, ld_pq), float("nan"), device="cuda")
+    a = torch.full((R, ld_a), 7.0, dtype=torch.bfloat16, device="cuda")
+    g = _fp8.gate_up(w)
+    Kp, Kb = xq.shape[1], xs.shape[1]
+    seg = _lib.Segment.expert_rows(offsets, E, 2 * I, Kp, _lib.Operand(xq, 0, Kp, Kp),
+                                   _lib.Operand(g.q, g.q.shape[1] * Kp, 0, Kp),
+                                   _lib.Operand(pq, 0, ld_pq, ld_pq), aux=_lib.Operand(a, 0, ld_a, ld_a),
+                                   sfa=_lib.Operand(xs, 0, Kb, Kb), sfb=_lib.Operand(g.s, g.s.shape[1] * Kb, 0, Kb))
+    _fp8.gemm(_lib.GEMM_FP8_TN_SWIGLU_FWD, [seg], CUDA)
+    n = int(counts.sum())
+    assert_bitwise_equal(pq[:n, :2 * I], gu[:n], "[p | q]")
+    assert_bitwise_equal(a[:n, :I], want_a[:n], "a")
+    assert bool(torch.isnan(pq[:, 2 * I:]).all()) and bool(torch.isnan(pq[n:]).all()), "[p | q] written outside"
+    assert bool((a[:, I:].float() == 7.0).all()) and bool((a[n:].float() == 7.0).all()), "a written outside"
+
+
+@pytest.mark.parametrize("label, cfg, routing", CONFIGS + [("module shape", CFG, "skewed")],
+                         ids=[c[0] for c in CONFIGS] + ["module shape"])
+def test_fused_fp8_layer_gives_the_unfused_bits(monkeypatch, label, cfg, routing):
+    """The whole FP8 layer (nine outputs) with the fused gate/up + SwiGLU (the default) and without it
+    (MOK_FAST_FUSE_SWIGLU_FWD_FP8=0): the same bits, the fused run having launched GEMM_FP8_TN_SWIGLU_FWD."""
+    from mok.fast import _tiles
+
+    inputs = make_inputs(cfg, seed=23, routing=routing, device="cuda")
+    kinds = []
+    gemm = _fp8.gemm
+    monkeypatch.setattr(_fp8, "gemm", lambda kind, segs, dev: (kinds.append(kind), gemm(kind, segs, dev)))
+    monkeypatch.delenv(_tiles.FUSE_FWD_FP8_ENV, raising=False)
+    fused = run_layer(inputs, impl=mok.fast, precision="fp8")
+    assert kinds[0] == _lib.GEMM_FP8_TN_SWIGLU_FWD, kinds
+    kinds.clear()
+    monkeypatch.setenv(_tiles.FUSE_FWD_FP8_ENV, "0")
+    unfused = run_layer(inputs, impl=mok.fast, precision="fp8")
+    assert kinds[0] == _lib.GEMM_FP8_TN_F32 and _lib.GEMM_FP8_TN_SWIGLU_FWD not in kinds, kinds
+    assert_outputs_bitwise_equal(fused, unfused, f"{label}: fused vs unfused")
+
+
+def test_interleaved_gate_up_is_the_reference_quantisation(inputs):
+    """The cached interleaved [gate; up] of the routed and the shared expert: `_fp8.interleave_gate_up` (pure torch,
+    checked row by row on the CPU in tests/fast/test_fp8_gate_up_fused.py) of the reference quantiser's outputs."""
+    w8 = _fp8.fp8_weights(*(inputs[n] for n in ("routed_gate", "routed_up", "routed_down", "shared_gate", "shared_up",
+                                                "shared_down")))
+    for name, w, gate, up in (("routed", w8.routed, inputs["routed_gate"], inputs["routed_up"]),
+                              ("shared", w8.shared, inputs["shared_gate"], inputs["shared_up"])):
+        got = _fp8.gate_up(w)
+        assert _fp8.gate_up(w) is got
+        (gq, gs), (uq, us) = quantize_blocks_128x128(gate.cpu()), quantize_blocks_128x128(up.cpu())
+        Hp = _fp8.padded(gate.shape[-1])
+
+        def pad(q):
+            out = torch.zeros((*q.shape[:-1], Hp), dtype=torch.uint8)
+            out[..., :q.shape[-1]] = q.view(torch.uint8)
+            return out.view(torch.float8_e4m3fn)
+
+        want = _fp8.interleave_gate_up(pad(gq), gs, pad(uq), us)
+        assert_bitwise_equal(got.q.cpu(), want.q, f"{name} interleaved values")
+        assert_bitwise_equal(got.s.cpu(), want.s, f"{name} interleaved scales")
