@@ -122,7 +122,7 @@ def backward(ctx: FastContext, dy, *, weight_grad_dtype=torch.float32, separate_
     if not isinstance(ctx, EPContext):
         _check_backward_args(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
         if ctx.fp8 is not None:
-            return run_backward_fp8(ctx, dy, weight_grad_dtype, separate_gate_up_grads)
+            return run_backward_fp8(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
         return run_backward(ctx, dy, weight_grad_dtype, separate_gate_up_grads, release_saved)
     err = None
     try:

@@ -18,7 +18,7 @@ import torch
 
 from ..reference import Dims
 from . import _fp8, _lib, _tiles
-from ._backward import weight_grads, whole_buffers
+from ._backward import release, weight_grads, whole_buffers
 from ._fp8 import all_rows_segment, quant_rows, rows_segment
 from ._forward import FastContext, _empty, build_schedule, swiglu
 
@@ -141,19 +141,27 @@ def _d_input(ctx: FastContext, dgu, dgu_s):
     return dx_RH, dxs
 
 
-def run_backward_fp8(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate_gate_up_grads: bool = False):
-    """`_backward.run_backward` in the FP8 recipe (ctx from `run_forward_fp8`): the same outputs in the same order."""
+def run_backward_fp8(ctx: FastContext, dy, weight_grad_dtype=torch.float32, separate_gate_up_grads: bool = False,
+                     release_saved: bool = False):
+    """`_backward.run_backward` in the FP8 recipe (ctx from `run_forward_fp8`): the same outputs in the same order.
+    release_saved: as `run_backward`'s: o freed after the pre-combine, [p | q] after the SwiGLU backward, the x rows
+    after the gate/up weight gradients (`ctx` is spent); the outputs' bits are the same either way."""
     d, sched, dev = ctx.dims, ctx.sched, dy.device
     R = ctx.x_RH.shape[0]
     d_w = _empty(dev, torch.float32, d.T, d.K)
     go_RH = _empty(dev, torch.bfloat16, R, d.H)
     _lib.combine_bwd_pre(dy, ctx.o_RH, ctx.topk_weight_TK, sched.pair_row, sched.flag, d_w, go_RH)
+    release(release_saved, ctx.o_RH)
     dgu, dgu_s = _d_act(ctx, dy, go_RH)
+    release(release_saved, ctx.pq_R2I, ctx.pq_s_T2S)
     dx_RH, dxs = _d_input(ctx, dgu, dgu_s)
     d_x = _empty(dev, torch.bfloat16, d.T, d.H)
     _lib.combine_bwd_dx(dxs, dx_RH, sched.pair_row, sched.flag, d.K, d_x)
     del dx_RH, dxs
-    grads = weight_grads(ctx, dy, go_RH, [dgu, dgu_s], weight_grad_dtype, separate_gate_up_grads)
+    grads_of = [dgu, dgu_s]
+    del dgu, dgu_s  # weight_grads frees them once the gate/up gradients are done
+    grads = weight_grads(ctx, dy, go_RH, grads_of, weight_grad_dtype, separate_gate_up_grads,
+                         then=lambda: release(release_saved, ctx.x_RH))
     for g in whole_buffers(*grads):
         _lib.poison(g, sched.flag)
     return (d_x, d_w, *grads)

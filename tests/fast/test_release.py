@@ -112,6 +112,40 @@ def test_release_keeps_every_output_and_spends_the_context(stacked):
     assert (max(drops) < events.index("down")) == stacked, events
 
 
+def _direct_fp8(rank, world_size, group, inputs):
+    """mok.fast.backward in the FP8 recipe without and with release_saved on two forwards of the same inputs: (outputs
+    of each, what was freed, the spent ctx's error)."""
+    import fast_emulator
+
+    import mok.fast
+
+    fast_emulator.install()
+    fast_emulator.stub_streams()
+    args = [inputs[a] for a in LAYER_ARGS]
+    y, ctx = mok.fast.forward(*args, precision="fp8")
+    keep = mok.fast.backward(ctx, inputs["dy"])
+    y2, ctx2 = mok.fast.forward(*args, precision="fp8")
+    rel = mok.fast.backward(ctx2, inputs["dy"], release_saved=True)
+    freed = {name: getattr(ctx2, name).untyped_storage().nbytes() == 0
+             for name in ("o_RH", "pq_R2I", "pq_s_T2S", "x_RH")}
+    try:
+        mok.fast.backward(ctx2, inputs["dy"], release_saved=True)
+        err = None
+    except ValueError as e:
+        err = str(e)
+    return [t.clone() if t is not None else None for t in (y, *keep)], \
+        [t.clone() if t is not None else None for t in (y2, *rel)], freed, err
+
+
+def test_fp8_release_keeps_every_output_and_spends_the_context():
+    keep, rel, freed, err = launch(_direct_fp8, (make_inputs(CFG, seed=33),), 1, timeout_s=120)[0]
+    for name, a, b in zip(OUTPUT_NAMES, keep, rel, strict=True):
+        if a is not None:
+            assert_bitwise_equal(b, a, f"{name}: FP8 with release_saved")
+    assert all(freed.values()), freed
+    assert err is not None and err.startswith("ctx: spent"), err
+
+
 def _via_op(rank, world_size, group, inputs, retain, registered=False):
     """ops.moe in eager autograd with bf16 leaves, recording the tensors it saves: (gradients of one backward, or of
     two with retain_graph, and whether each saved fp32 [R, 2I] tensor still holds its bytes). registered: through

@@ -1,6 +1,7 @@
-"""The eager backward frees the saved context as it reads it (mok/fast/_backward.py `release`), on the GPU: the
-backward's peak memory is at least the saved [p | q] (fp32 [R, 2I]) lower than with retain_graph=True, which keeps
-it, and every gradient is bitwise the same either way; the backward's peak, one GPU and expert-parallel, is what
+"""The eager backward frees the saved context as it reads it (mok/fast/_backward.py `release`, and
+`_fp8_layer.run_backward_fp8` in the FP8 recipe), on the GPU: the backward's peak memory is at least the saved
+[p | q] (fp32 [R, 2I]) lower than with retain_graph=True, which keeps it, and every gradient is bitwise the same
+either way, in both recipes; the backward's peak, one GPU and expert-parallel, is what
 its order of allocations and frees plans. (The CPU tests, tests/fast/test_release.py and
 tests/fast/test_ep_emulated.py, check the bits and what is freed with the emulated kernels; this one checks that
 the caching allocator gets the memory back.)"""
@@ -14,11 +15,12 @@ from mok.nn import ops
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
 @pytest.mark.parametrize("cfg", [
     MoEConfig(T=2048, H=1024, I=2048, E=8, K=2, S=0),    # few large experts: the fused d_a launch reads [p | q]
     MoEConfig(T=1000, H=512, I=256, E=32, K=8, S=128),   # many small ones and a shared expert: the swiglu_bwd kernel
 ])
-def test_eager_backward_peak_drops_by_the_released_p_q_with_the_same_gradients(cfg):
+def test_eager_backward_peak_drops_by_the_released_p_q_with_the_same_gradients(cfg, precision):
     inputs = make_inputs(cfg, seed=41, device="cuda")
     stacked = {"routed": torch.cat([inputs["routed_gate"], inputs["routed_up"]], 1),
                "shared": (torch.cat([inputs["shared_gate"], inputs["shared_up"]]) if cfg.S else None)}
@@ -28,7 +30,7 @@ def test_eager_backward_peak_drops_by_the_released_p_q_with_the_same_gradients(c
                   for k, v in (("x", inputs["x"]), ("rgu", stacked["routed"]), ("rd", inputs["routed_down"]),
                                ("sgu", stacked["shared"]), ("sd", inputs["shared_down"]))}
         y = ops.moe_gate_up(leaves["x"], inputs["topk_idx"], inputs["topk_weight"], leaves["sgu"], leaves["sd"],
-                            leaves["rgu"], leaves["rd"], backend="fast")
+                            leaves["rgu"], leaves["rd"], backend="fast", precision=precision)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
