@@ -31,6 +31,21 @@ __host__ __device__ inline int fp8_swiglu_rows(int I) {
   return 2 * ((I + kFp8SwigluGroup - 1) / kFp8SwigluGroup) * kFp8SwigluGroup;
 }
 
+// CUTLASS's blockwise mainloop (`Base`) with the accumulator cleared before it runs. CUTLASS 4.2's mainloop adds the
+// first K block's scaled sum to an accumulator it never initialises (GmmaFP8Accumulation::scale_core reads
+// accum_ before any write); nvcc 13.0 compiles that read as +0, but nothing in the source guarantees it. Cleared
+// here, every output tile starts from +0 by construction (the same SASS but for register names): the same bits.
+template <class Base>
+struct ZeroedAccumulators : Base {
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(typename Base::MainloopPipeline pipeline, typename Base::PipelineState smem_pipe_read,
+                          FrgTensorC& accum, int k_tile_count, int thread_idx,
+                          typename Base::TensorStorage& shared_tensors, typename Base::Params const& mainloop_params) {
+    cute::clear(accum);
+    Base::mma(pipeline, smem_pipe_read, accum, k_tile_count, thread_idx, shared_tensors, mainloop_params);
+  }
+};
+
 template <class ElementD_, Fp8Epi kEpi = Fp8Epi::kLinear>
 struct GroupedGemmFp8 {
   static constexpr bool kSwigluFwd = kEpi == Fp8Epi::kSwigluFwd;
@@ -63,12 +78,12 @@ struct GroupedGemmFp8 {
   using SwigluFwdEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
       SwigluFwdColsEpilogueArray<cutlass::detail::TagToStrideC_t<LayoutD*>>>;
   using CollectiveEpilogue = cute::conditional_t<kSwigluFwd, SwigluFwdEpilogue, LinearEpilogue>;
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using CollectiveMainloop = ZeroedAccumulators<typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>, AlignAB,
       ElementB, cute::tuple<LayoutB*, LayoutSFB*>, AlignAB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   static_assert(sizeof(typename GemmKernel::SharedStorage) <= cutlass::gemm::collective::detail::sm90_smem_capacity_bytes,
                 "the kernel's shared memory exceeds the SM's");
