@@ -25,12 +25,6 @@ namespace mok {
 // The FP8 kinds' epilogues: D = the accumulator (CUTLASS's TMA epilogue), or the SwiGLU forward.
 enum class Fp8Epi { kLinear, kSwigluFwd };
 
-// B rows of the interleaved [gate; up] (and 64 x the rows of its scales) for I intermediate columns.
-constexpr int kFp8SwigluGroup = 64;
-__host__ __device__ inline int fp8_swiglu_rows(int I) {
-  return 2 * ((I + kFp8SwigluGroup - 1) / kFp8SwigluGroup) * kFp8SwigluGroup;
-}
-
 // CUTLASS's blockwise mainloop (`Base`) with the accumulator cleared before it runs. CUTLASS 4.2's mainloop adds the
 // first K block's scaled sum to an accumulator it never initialises (GmmaFP8Accumulation::scale_core reads
 // accum_ before any write); nvcc 13.0 compiles that read as +0, but nothing in the source guarantees it. Cleared
@@ -63,7 +57,7 @@ struct GroupedGemmFp8 {
   using ClusterShape = Shape<_1, _2, _1>;
   // Scale granularity 1 x 128 for A (per row), 128 x 128 for B (64 x 128 for the interleaved [gate; up]); both
   // K-major.
-  static constexpr int kScaleN = kSwigluFwd ? kFp8SwigluGroup : 128;
+  static constexpr int kScaleN = kSwigluFwd ? MOK_FP8_SWIGLU_GROUP : 128;
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleN, 128, cute::GMMA::Major::K,
                                                                 cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
@@ -173,7 +167,8 @@ __global__ void fill_group_args_fp8(typename G::Arrays arr, SegmentList segs) {
   if (grp.s == nullptr) return;
   const MokSegment& s = *grp.s;
   // The SwiGLU forward's segment n is 2I, its GEMM's N the interleaved B's rows.
-  const int m = grp.rows > 0 ? grp.rows : 0, n = G::kSwigluFwd ? fp8_swiglu_rows(s.n / 2) : s.n, k = s.k;
+  const int m = grp.rows > 0 ? grp.rows : 0, n = G::kSwigluFwd ? static_cast<int>(mok_fp8_swiglu_rows(s.n / 2)) : s.n,
+            k = s.k;
   arr.shapes[g] = typename G::Shape3(m, n, k);
   auto at = [&](const MokOperand& o) { return grp.at(o); };
   arr.a[g] = static_cast<const typename G::ElementA*>(s.a.base) + at(s.a);

@@ -27,6 +27,18 @@ typedef struct CUstream_st* cudaStream_t;
 // clusters for the weight-gradient kinds (variant 3 for the others), 5 cooperative 256x128x64 in 1x2 clusters for the
 // plain bf16-out row-tiled kinds (variant 0 for the others). Same bits for all.
 #define MOK_GEMM_NUM_VARIANTS 6
+// MOK_GEMM_FP8_TN_SWIGLU_FWD's B, the interleaved [gate; up] (mok/fast/_fp8.py GateUp): rows in groups of
+// MOK_FP8_SWIGLU_GROUP, gate's then the same up rows, one sfb row per group; mok_fp8_swiglu_rows(I) is its rows for I
+// intermediate columns (gate and up each padded with zero rows to whole groups).
+#define MOK_FP8_SWIGLU_GROUP 64
+#ifdef __CUDACC__
+#define MOK_HOST_DEVICE __host__ __device__
+#else
+#define MOK_HOST_DEVICE
+#endif
+static inline MOK_HOST_DEVICE int64_t mok_fp8_swiglu_rows(int64_t I) {
+  return 2 * ((I + MOK_FP8_SWIGLU_GROUP - 1) / MOK_FP8_SWIGLU_GROUP) * MOK_FP8_SWIGLU_GROUP;
+}
 
 // One operand of a grouped GEMM. For group g (expert e = g - expert_base, or the shared expert):
 //   pointer = base + offset + e * expert_stride + row_offset(e) * row_stride   (in elements)

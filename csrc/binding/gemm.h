@@ -30,9 +30,6 @@ bool b_up_kind(int64_t kind) { return kind == MOK_GEMM_TN_SWIGLU_FWD || kind == 
 bool fp8_kind(int64_t kind) {
   return kind == MOK_GEMM_FP8_TN_F32 || kind == MOK_GEMM_FP8_TN_BF16 || kind == MOK_GEMM_FP8_TN_SWIGLU_FWD;
 }
-constexpr int64_t kFp8SwigluGroup = 64;  // the FP8 SwiGLU kind's interleaved B: rows in groups of 64 (_fp8.py)
-// Rows of that B (and 64 x those of its scales) for I intermediate columns: gate and up each padded to whole groups.
-int64_t fp8_swiglu_rows(int64_t I) { return 2 * ((I + kFp8SwigluGroup - 1) / kFp8SwigluGroup) * kFp8SwigluGroup; }
 constexpr int64_t kBUpKTile = 64;  // the d_x kind's K tile (csrc/mainloop_k_halves.cuh)
 
 at::ScalarType d_dtype(int64_t kind) {
@@ -66,13 +63,13 @@ Extents operand_extents(int64_t kind, const Segment& s, char which) {
   switch (which) {
     case 'a': return tt ? Extents{K, M} : Extents{M, K};
     case 'b': case 'u':
-      if (kind == MOK_GEMM_FP8_TN_SWIGLU_FWD) return {fp8_swiglu_rows(N / 2), K};  // the interleaved [gate; up]
+      if (kind == MOK_GEMM_FP8_TN_SWIGLU_FWD) return {mok_fp8_swiglu_rows(N / 2), K};  // the interleaved [gate; up]
       if (tn) return {halves && kind == MOK_GEMM_TN_SWIGLU_FWD ? N / 2 : N, K};
       return {halves && kind == MOK_GEMM_NN_BF16 && K > 0 ? K / 2 : K, N};
     case 'd': return {M, kind == MOK_GEMM_NN_SWIGLU_BWD ? 2 * N : N};
     case 's': return {M, K / 128};  // sfa: one scale per row and 128 columns of K
     case 't':  // sfb: one per 128x128 block of B [N, K], or per 64 rows and 128 columns of the interleaved B
-      if (kind == MOK_GEMM_FP8_TN_SWIGLU_FWD) return {fp8_swiglu_rows(N / 2) / kFp8SwigluGroup, K / 128};
+      if (kind == MOK_GEMM_FP8_TN_SWIGLU_FWD) return {mok_fp8_swiglu_rows(N / 2) / MOK_FP8_SWIGLU_GROUP, K / 128};
       return {(N + 127) / 128, K / 128};
     default: return {M, kind == MOK_GEMM_NN_SWIGLU_BWD ? 2 * N : N / 2};  // aux
   }

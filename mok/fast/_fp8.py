@@ -15,7 +15,7 @@ import torch
 from . import _lib
 
 BLOCK = 128
-GROUP = 64  # rows of gate, then of up, in each group of the interleaved [gate; up] (`GateUp`)
+GROUP = 64  # rows of gate, then of up, in each group of the interleaved [gate; up] (`GateUp`; MOK_FP8_SWIGLU_GROUP)
 _CACHE_SIZE = 64  # quantised weight sets kept (one per layer of a model)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mok.fast import _build, _lib
+from mok.fast import _build, _fp8, _lib
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
@@ -81,6 +81,7 @@ def test_python_constants_match_the_header():
     d = header_defines()
     assert (d["MOK_MAX_SEGMENTS"], d["MOK_ROUTER_MAX_E"], d["MOK_GEMM_NUM_VARIANTS"]) == \
         (_lib.MAX_SEGMENTS, _lib.ROUTER_MAX_E, _lib.NUM_GEMM_VARIANTS)
+    assert d["MOK_FP8_SWIGLU_GROUP"] == _fp8.GROUP, "the interleaved [gate; up]'s row groups: kernels and _fp8.GateUp"
 
 
 def test_python_constants_match_the_binding(mok_binding):
